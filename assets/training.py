@@ -1,0 +1,72 @@
+"""The training run as an asset: a checkpoint, with its cost and eval loss in MLflow."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from assets.data import curriculum
+from assets.partitions import data_partitions
+from assets.resources import (
+    MLflowResource,
+    ObjectStoreResource,
+    StateResource,
+    TelemetryStoreResource,
+)
+from trainwise import runs, settings
+
+
+class TrainRunConfig(dg.Config):
+    """One training run; defaults size the demo for a 2-core machine."""
+
+    max_steps: int = 300
+    """Optimizer steps."""
+    micro_batch_size: int = 32
+    """Examples per micro-batch at start (the fast policy may change it)."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step at start."""
+    learning_rate: float = 1e-3
+    """Peak learning rate (warm-up then cosine decay)."""
+    eval_every_steps: int = 50
+    """Steps between evaluations on the held-out split."""
+    seed: int = 0
+    """Seed of model init, sampler and RNG streams."""
+    instance_type: str = ""
+    """Instance type the emulated node stands for; empty = TRAINWISE_INSTANCE_TYPE."""
+    fast_policy: str = "noop"
+    """Fast policy run inside the loop (noop | heuristic)."""
+
+
+@dg.asset(partitions_def=data_partitions, group_name="training", deps=[curriculum],
+          kinds={"pytorch", "mlflow"})
+def checkpoint(
+    context: dg.AssetExecutionContext,
+    config: TrainRunConfig,
+    state: StateResource,
+    mlflow: MLflowResource,
+    object_store: ObjectStoreResource,
+    telemetry_store: TelemetryStoreResource,
+) -> dg.MaterializeResult:
+    """A trained model checkpoint (resumable, checksummed) from the current curriculum."""
+    request = runs.TrainRequest(
+        partition=context.partition_key,
+        max_steps=config.max_steps,
+        micro_batch_size=config.micro_batch_size,
+        grad_accum_steps=config.grad_accum_steps,
+        learning_rate=config.learning_rate,
+        eval_every_steps=config.eval_every_steps,
+        seed=config.seed,
+        instance_type=config.instance_type or settings.get("TRAINWISE_INSTANCE_TYPE"),
+        fast_policy=config.fast_policy,
+        run_id=context.run_id,
+    )
+    summary = runs.run_training(
+        request,
+        state_dir=state.path(),
+        tracking_uri=mlflow.uri(),
+        experiment=mlflow.experiment,
+        store=object_store.store(),
+        duckdb_path=telemetry_store.db_path(),
+        progress=True,
+    )
+    context.log.info(summary.one_line())
+    return dg.MaterializeResult(metadata=summary.metadata())

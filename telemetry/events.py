@@ -1,0 +1,190 @@
+"""The telemetry event schema: what a training rank records, one JSON object per line.
+
+Every event carries `run_id`, `rank`, `wall_time_s` (Unix seconds) and `step` (the number of
+optimizer steps completed when it was written). `to_record` turns an event into the plain dict
+that is written, adding `type` and `schema_version`; `event_from_record` turns it back.
+
+Non-finite floats (for example a gradient noise scale that is not yet estimated) are written as
+JSON null, because NaN is not JSON and DuckDB's JSON reader refuses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """Fields every event has."""
+
+    TYPE: ClassVar[str] = "event"
+
+    run_id: str
+    rank: int = 0
+    step: int
+    wall_time_s: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunStartEvent(Event):
+    """A trainer process starts (fresh or resumed) a run."""
+
+    TYPE: ClassVar[str] = "run_start"
+
+    model_kind: str
+    model_config: dict[str, Any]
+    model_fingerprint: str
+    train_config: dict[str, Any]
+    data_fingerprint: str
+    curriculum_version: str | None
+    instance_type: str
+    price_usd_per_hour: float
+    resumed_from: str | None = None
+    # Curriculum version of the checkpoint when a resume switched to a new curriculum.
+    previous_curriculum_version: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepEvent(Event):
+    """One optimizer step finished (`step` already counts it)."""
+
+    TYPE: ClassVar[str] = "step"
+
+    train_loss: float
+    learning_rate: float
+    grad_norm: float
+    grad_noise_scale: float
+    micro_batch_size: int
+    grad_accum_steps: int
+    step_time_ms: float
+    samples_seen: int
+    tokens_seen: int
+    elapsed_s: float
+    cost_usd: float
+    # "curriculum" while the curriculum's weighted subset is sampled, "anneal" at the end.
+    sampler_phase: str = "curriculum"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalEvent(Event):
+    """Loss (and accuracy for images) on the fixed held-out batches."""
+
+    TYPE: ClassVar[str] = "eval"
+
+    eval_loss: float
+    eval_accuracy: float | None
+    eval_examples: int
+    eval_ms: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointEvent(Event):
+    """A checkpoint was written atomically."""
+
+    TYPE: ClassVar[str] = "checkpoint"
+
+    path: str
+    sha256: str
+    size_bytes: int
+    save_ms: float
+    # "interval", "fast_policy", "preemption", "stop", "final"
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecisionEvent(Event):
+    """A policy decided something; the reason and the numbers behind it are kept."""
+
+    TYPE: ClassVar[str] = "decision"
+
+    layer: str  # "fast" or "slow"
+    policy: str
+    action: dict[str, Any]
+    reason: str
+    numbers: dict[str, float]
+    observation: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreemptionEvent(Event):
+    """A preemption notice (emulated spot reclaim: SIGTERM) reached the trainer."""
+
+    TYPE: ClassVar[str] = "preemption"
+
+    signal_name: str
+    notice_s: float
+    received_wall_time_s: float
+    # What the trainer did: "checkpoint_and_exit", ...
+    response: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunEndEvent(Event):
+    """The trainer process stops working on the run (it may be resumed later)."""
+
+    TYPE: ClassVar[str] = "run_end"
+
+    status: str
+    elapsed_s: float
+    cost_usd: float
+    samples_seen: int
+    tokens_seen: int
+    final_eval_loss: float | None
+    final_eval_accuracy: float | None
+    checkpoint_path: str | None
+    checkpoint_sha256: str | None
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.TYPE: cls
+    for cls in (
+        RunStartEvent,
+        StepEvent,
+        EvalEvent,
+        CheckpointEvent,
+        DecisionEvent,
+        PreemptionEvent,
+        RunEndEvent,
+    )
+}
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN and infinities become None (JSON has no NaN); containers are walked."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def to_record(event: Event) -> dict[str, Any]:
+    """The JSON-ready dict written for an event, with `type` and `schema_version`."""
+    if type(event).TYPE not in EVENT_TYPES:
+        raise TypeError(
+            f"{type(event).__name__} is not a telemetry event type; use one of "
+            f"{', '.join(sorted(c.__name__ for c in EVENT_TYPES.values()))}"
+        )
+    record = {"type": event.TYPE, "schema_version": SCHEMA_VERSION}
+    record.update(_json_safe(dataclasses.asdict(event)))
+    return record
+
+
+def event_from_record(record: dict[str, Any]) -> Event:
+    """Rebuilds the event dataclass from a record (null floats stay None)."""
+    kind = record.get("type")
+    if kind not in EVENT_TYPES:
+        raise ValueError(
+            f"telemetry record has unknown type {kind!r}; known: {', '.join(sorted(EVENT_TYPES))}"
+        )
+    cls = EVENT_TYPES[kind]
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in record.items() if k in names})

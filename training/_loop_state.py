@@ -1,0 +1,152 @@
+"""What `training.loop` checkpoints and restores, and the checks on its inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from training._loop_step import GradNoiseScale
+from training.data_types import Curriculum, ExampleSet
+from training.model import CNNConfig, GPTConfig, config_dict, model_fingerprint
+from training.sampler import CurriculumSampler
+
+STATE_FORMAT = "trainwise-train-state-1"
+
+
+@dataclass
+class RunState:
+    """The mutable progress of a run; every field goes into the checkpoint."""
+
+    run_id: str
+    step: int = 0
+    # Current batch shape and learning-rate multiplier: the fast policy may have changed them.
+    micro_batch_size: int = 1
+    grad_accum_steps: int = 1
+    lr_scale: float = 1.0
+    samples_seen: int = 0
+    tokens_seen: int = 0
+    elapsed_s: float = 0.0  # across all processes that worked on the run
+    cost_usd: float = 0.0
+    last_eval_loss: float | None = None
+    last_eval_accuracy: float | None = None
+    last_eval_step: int | None = None
+    last_checkpoint_elapsed_s: float = 0.0
+    last_checkpoint_cost_s: float = math.nan  # nan until a checkpoint was written
+    noise_scale: GradNoiseScale = field(default_factory=GradNoiseScale)
+
+
+def default_model_config(examples: ExampleSet) -> GPTConfig | CNNConfig:
+    """The default model for the data: GPT over its vocabulary and block, or the 10-class CNN."""
+    if examples.kind == "text":
+        if not examples.vocab:
+            raise ValueError(f"text partition {examples.partition!r} has no vocab; rebuild its shards")
+        return GPTConfig(vocab_size=len(examples.vocab), block_size=examples.inputs.shape[1] - 1)
+    return CNNConfig()
+
+
+def check_examples_fit(examples: ExampleSet, config: GPTConfig | CNNConfig) -> None:
+    """Raises if the data cannot be fed to a model of `config`."""
+    if examples.kind == "text":
+        if not isinstance(config, GPTConfig):
+            raise ValueError(f"text partition {examples.partition!r} needs a GPTConfig model")
+        if examples.inputs.ndim != 2 or examples.inputs.shape[1] < 2:
+            raise ValueError(
+                f"text inputs must be (N, block_size + 1), got {examples.inputs.shape}"
+            )
+        if examples.inputs.shape[1] - 1 > config.block_size:
+            raise ValueError(
+                f"examples have {examples.inputs.shape[1] - 1} tokens but the model's "
+                f"block_size is {config.block_size}; use a model with block_size >= that"
+            )
+        if len(examples.inputs) and int(examples.inputs.max()) >= config.vocab_size:
+            raise ValueError(
+                f"token id {int(examples.inputs.max())} >= vocab_size {config.vocab_size}; "
+                "use a model with the partition's vocabulary size"
+            )
+    elif examples.kind == "image":
+        if not isinstance(config, CNNConfig):
+            raise ValueError(f"image partition {examples.partition!r} needs a CNNConfig model")
+        if examples.labels is None or len(examples.labels) != len(examples.inputs):
+            raise ValueError(f"image partition {examples.partition!r} needs one label per image")
+        if len(examples.labels) and int(examples.labels.max()) >= config.num_classes:
+            raise ValueError(
+                f"label {int(examples.labels.max())} >= num_classes {config.num_classes}; "
+                "use a model with enough classes"
+            )
+    else:
+        raise ValueError(f"unknown ExampleSet kind {examples.kind!r}; use 'text' or 'image'")
+
+
+def build_state(
+    *,
+    run: RunState,
+    model_kind: str,
+    model_config: GPTConfig | CNNConfig,
+    train_config: dict[str, Any],
+    examples: ExampleSet,
+    curriculum: Curriculum | None,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    sampler: CurriculumSampler,
+) -> dict[str, Any]:
+    """Everything needed to resume exactly, as plain data (see training.checkpoint)."""
+    state = dataclasses.asdict(run)
+    state.update(
+        format=STATE_FORMAT,
+        model_kind=model_kind,
+        model_config=config_dict(model_config),
+        model_fingerprint=model_fingerprint(model_kind, model_config),
+        train_config=train_config,
+        partition=examples.partition,
+        data_fingerprint=examples.fingerprint,
+        curriculum_version=curriculum.version if curriculum is not None else None,
+        model=model.state_dict(),
+        optimizer=optimizer.state_dict(),
+        sampler=sampler.state_dict(),
+        rng={
+            "torch": torch.get_rng_state(),
+            "numpy": np.random.get_state(),
+            "python": random.getstate(),
+        },
+    )
+    return state
+
+
+def restore_state(
+    state: dict[str, Any],
+    *,
+    examples: ExampleSet,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    sampler: CurriculumSampler,
+    source: str,
+) -> RunState:
+    """Loads model, optimizer, sampler and RNGs from `state`; returns the run's progress."""
+    if state.get("format") != STATE_FORMAT:
+        raise ValueError(
+            f"checkpoint {source} holds {state.get('format')!r}, not {STATE_FORMAT!r}; start fresh"
+        )
+    if state["data_fingerprint"] != examples.fingerprint:
+        raise ValueError(
+            f"checkpoint {source} was trained on data {state['data_fingerprint'][:12]} of "
+            f"partition {state['partition']!r}, but these examples are "
+            f"{examples.fingerprint[:12]} of {examples.partition!r}; resume with the same shards "
+            "or start fresh"
+        )
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    sampler.load_state_dict(state["sampler"])
+    torch.set_rng_state(state["rng"]["torch"])
+    np.random.set_state(state["rng"]["numpy"])
+    random.setstate(state["rng"]["python"])
+    names = {f.name for f in dataclasses.fields(RunState)}
+    values = {k: v for k, v in state.items() if k in names}
+    values["noise_scale"] = GradNoiseScale(**state["noise_scale"])
+    return RunState(**values)

@@ -1,0 +1,110 @@
+"""`trainwise`: the headless entry point (demo, ui, bench, explain, settings).
+
+Heavy imports (dagster, torch, mlflow) happen inside the subcommand that needs them, so
+`trainwise --help` and `trainwise explain` start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from trainwise import settings
+
+
+def _prepare_environment() -> Path:
+    """State folder, Dagster home and offline flags shared by every subcommand."""
+    home = settings.home_dir()
+    dagster_home = home / "dagster"
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    config = dagster_home / "dagster.yaml"
+    if not config.exists():
+        # No usage telemetry leaves the machine (it has no network anyway).
+        config.write_text("telemetry:\n  enabled: false\n")
+    os.environ.setdefault("DAGSTER_HOME", str(dagster_home))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HOME", str(home / "hf"))
+    return home
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    _prepare_environment()
+    from pipelines import headless
+
+    summary = headless.run_demo(partition=args.partition, max_steps=args.steps)
+    print(summary)
+    return 0
+
+
+def _cmd_ui(args: argparse.Namespace) -> int:
+    _prepare_environment()
+    from pipelines import ui
+
+    return ui.serve(host=args.host, port=args.port)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    _prepare_environment()
+    from benchmarks import run_all
+
+    return run_all.main([args.suite, *args.rest])
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from trainwise import explain
+
+    print(explain.timeline(args.run, telemetry_root=settings.home_dir() / "telemetry"))
+    return 0
+
+
+def _cmd_settings(_: argparse.Namespace) -> int:
+    for setting in settings.SETTINGS:
+        print(f"{setting.name}={settings.get(setting.name)}\n    {setting.help}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trainwise", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="run the whole chain headless and print a summary")
+    demo.add_argument("--partition", default="", help="data set (default: tinyshakespeare, "
+                      "or pystdlib when the shared data is missing)")
+    demo.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    demo.set_defaults(func=_cmd_demo)
+
+    ui = sub.add_parser("ui", help="start the Dagster webserver and daemon on loopback")
+    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--port", type=int, default=3000)
+    ui.set_defaults(func=_cmd_ui)
+
+    bench = sub.add_parser("bench", help="run a benchmark suite and write benchmarks/results/")
+    bench.add_argument("suite", choices=["cost", "controller", "all"])
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the suite")
+    bench.set_defaults(func=_cmd_bench)
+
+    explain = sub.add_parser("explain", help="print the decision timeline of a run")
+    explain.add_argument("run", help="run id (the Dagster run id of the training run)")
+    explain.set_defaults(func=_cmd_explain)
+
+    show = sub.add_parser("settings", help="print every setting with its current value")
+    show.set_defaults(func=_cmd_settings)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError, KeyError) as error:
+        print(f"trainwise: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
