@@ -151,9 +151,10 @@ class BatchScaler:
         """
         cfg = self.config
         current = current_global_batch
-        if b_noise == b_noise and b_noise > 0.0 and b_noise != math.inf:  # finite, positive
+        if 0.0 < b_noise < math.inf:  # finite and positive (False for nan)
             ema = self._ema
-            self._ema = b_noise if ema != ema else cfg.ema_beta * ema + (1 - cfg.ema_beta) * b_noise
+            beta = cfg.ema_beta
+            self._ema = b_noise if math.isnan(ema) else beta * ema + (1 - beta) * b_noise
         ema = self._ema
         if current > cfg.max_global_batch:
             return BatchDecision(max(cfg.max_global_batch, current // 2), -1, ema,
@@ -161,7 +162,7 @@ class BatchScaler:
         if current < cfg.min_global_batch:
             return BatchDecision(min(cfg.min_global_batch, current * 2), 1, ema,
                                  f"batch {current} < min {cfg.min_global_batch}: double")
-        if ema != ema:
+        if math.isnan(ema):
             return BatchDecision(current, 0, ema, "noise scale not estimated yet: keep batch")
         if ema >= current * self._up_ratio and current * 2 <= cfg.max_global_batch:
             return BatchDecision(current * 2, 1, ema,

@@ -63,7 +63,7 @@ def _observation_ok(o: FastObservation) -> bool:
         times = o.rank_step_time_ms
         return bool(
             o.step >= 0 and 0.0 <= o.elapsed_s < _INF and 0.0 <= o.train_loss < _INF
-            and 0.0 <= o.grad_norm < _INF and (gns != gns or 0.0 < gns < _INF)
+            and 0.0 <= o.grad_norm < _INF and (0.0 < gns < _INF or math.isnan(gns))
             and o.micro_batch_size >= 1 and o.grad_accum_steps >= 1
             and 0.0 <= o.learning_rate < _INF and o.dataloader_queue_depth >= 0
             and (notice is None or 0.0 <= notice < _INF) and 0.0 <= o.preemption_risk <= 1.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -95,3 +96,11 @@ class SlowAction:
     allocation: object | None = None
     reason: str = ""
     numbers: dict[str, float] = field(default_factory=dict)
+
+
+class SlowPolicy(Protocol):
+    """A slow policy maps the slow observation to an action (no I/O; may keep running estimates)."""
+
+    name: str
+
+    def act(self, observation: SlowObservation) -> SlowAction: ...

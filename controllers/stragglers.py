@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from controllers.validation import require_number
 
+_INF = float("inf")
+
 
 @dataclass(frozen=True)
 class StragglerConfig:
@@ -50,18 +52,24 @@ def proportional_shares(speeds: Sequence[float], min_share: float) -> tuple[floa
         raise ValueError("speeds is empty; pass one speed per rank")
     if min_share * n > 1.0 + 1e-12:
         raise ValueError(f"min_share={min_share} times {n} ranks exceeds 1")
+    total = sum(speeds)
+    if total > 0.0:
+        shares = [v / total for v in speeds]
+        if min(shares) >= min_share:  # the common case: nobody under the floor
+            return tuple(shares)
     pinned = [False] * n
     shares = [0.0] * n
     while True:
         free_mass = 1.0 - min_share * sum(pinned)
         free_speed = sum(s for s, p in zip(speeds, pinned) if not p)
+        free_count = n - sum(pinned)
         changed = False
         for i in range(n):
             if pinned[i]:
                 shares[i] = min_share
                 continue
-            share = free_mass * speeds[i] / free_speed if free_speed > 0 else free_mass / (
-                n - sum(pinned))
+            share = (free_mass * speeds[i] / free_speed if free_speed > 0
+                     else free_mass / free_count)
             if share < min_share:
                 pinned[i] = True
                 changed = True
@@ -99,38 +107,40 @@ class StragglerBalancer:
 
         A change in the number of ranks (elastic resize) resets to equal shares.
         """
-        n = len(rank_step_time_ms)
+        times = rank_step_time_ms
+        n = len(times)
         if n == 0:
             raise ValueError("rank_step_time_ms is empty; pass one time per data-parallel rank")
-        for t in rank_step_time_ms:
-            if not t > 0.0 or t == float("inf"):  # catches nan too
-                raise ValueError(f"rank_step_time_ms has {t!r}; every time must be finite and > 0")
+        if not all(0.0 < t < _INF for t in times):  # False for nan too
+            bad = next(t for t in times if not 0.0 < t < _INF)
+            raise ValueError(f"rank_step_time_ms has {bad!r}; every time must be finite and > 0")
         if n != len(self._shares):
             self.reset(n)
             if n > 1:
-                reset_reason = f"{n} ranks (new or resized): equal shares"
-                self._speeds = [s / t for s, t in zip(self._shares, rank_step_time_ms)]
-                return ShareDecision(tuple(self._shares), True, 0.0, reset_reason)
+                self._speeds = [s / t for s, t in zip(self._shares, times)]
+                return ShareDecision(tuple(self._shares), True, 0.0,
+                                     f"{n} ranks (new or resized): equal shares")
         if n == 1:
             return ShareDecision((1.0,), False, 0.0, "one rank: share 1")
         cfg = self.config
         shares = self._shares
         if not self._speeds:
-            self._speeds = [s / t for s, t in zip(shares, rank_step_time_ms)]
+            speeds = [s / t for s, t in zip(shares, times)]
         else:
             beta = cfg.ema_beta
-            self._speeds = [beta * v + (1 - beta) * (s / t)
-                            for v, s, t in zip(self._speeds, shares, rank_step_time_ms)]
-        speeds = self._speeds
-        current_ms = max(s / v for s, v in zip(shares, speeds))
+            alpha = 1.0 - beta
+            speeds = [beta * v + alpha * s / t for v, s, t in zip(self._speeds, shares, times)]
+        self._speeds = speeds
+        current_ms = max([s / v for s, v in zip(shares, speeds)])
         proposed = proportional_shares(speeds, cfg.min_share_fraction / n)
-        proposed_ms = max(s / v for s, v in zip(proposed, speeds))
+        proposed_ms = max([s / v for s, v in zip(proposed, speeds)])
         gain = 1.0 - proposed_ms / current_ms
-        slowest = min(range(n), key=speeds.__getitem__)
         if gain > cfg.min_gain:
             self._shares = list(proposed)
-            return ShareDecision(tuple(proposed), True, gain,
-                                 f"re-balance: predicted step {current_ms:.0f}->{proposed_ms:.0f} ms "
-                                 f"(-{gain:.0%} > {cfg.min_gain:.0%}), slowest rank {slowest}")
+            slowest = speeds.index(min(speeds))
+            return ShareDecision(proposed, True, gain,
+                                 f"re-balance: predicted step {current_ms:.0f}->"
+                                 f"{proposed_ms:.0f} ms (-{gain:.0%} > {cfg.min_gain:.0%}), "
+                                 f"slowest rank {slowest}")
         return ShareDecision(tuple(shares), False, gain,
                              f"keep shares: gain {gain:.1%} <= {cfg.min_gain:.0%}")

@@ -139,6 +139,7 @@ class RunEndEvent(Event):
     final_eval_accuracy: float | None
     checkpoint_path: str | None
     checkpoint_sha256: str | None
+    error: str | None = None  # repr of the exception when status is "failed"
 
 
 EVENT_TYPES: dict[str, type[Event]] = {

@@ -62,7 +62,8 @@ def read_segment_lines(segment: Segment) -> list[tuple[int, dict[str, Any]]]:
     if segment.complete:
         marker = json.loads(marker_path(segment.path).read_text(encoding="utf-8"))
         body = data[: int(marker["bytes"])]
-        if len(body) != int(marker["bytes"]) or hashlib.sha256(body).hexdigest() != marker["sha256"]:
+        intact = hashlib.sha256(body).hexdigest() == marker["sha256"]
+        if len(body) != int(marker["bytes"]) or not intact:
             raise ValueError(
                 f"telemetry segment {segment.path} does not match its completion marker "
                 "(truncated or edited after sealing); restore it or delete the run's telemetry"

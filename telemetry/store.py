@@ -83,7 +83,8 @@ def ingest(run_dir: str | Path, db_path: str | Path) -> int:
 def _connect_read_only(db_path: str | Path) -> duckdb.DuckDBPyConnection:
     if not Path(db_path).exists():
         raise FileNotFoundError(
-            f"telemetry database {db_path} does not exist; ingest a run first (telemetry.store.ingest)"
+            f"telemetry database {db_path} does not exist; ingest a run first "
+            "(telemetry.store.ingest)"
         )
     return duckdb.connect(str(db_path), read_only=True)
 

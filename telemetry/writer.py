@@ -22,7 +22,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Self, TextIO
 
 from telemetry.events import Event, to_record
 
@@ -116,7 +116,8 @@ class SegmentWriter:
         self.segment_path = self.directory / segment_name(self._next_index)
         self._next_index += 1
         # "x": a segment is never reopened; an existing file here means two writers on one rank.
-        self._handle = open(self.segment_path, "x", encoding="utf-8")
+        # No context manager: the handle stays open across writes and _seal_current closes it.
+        self._handle = open(self.segment_path, "x", encoding="utf-8")  # noqa: SIM115
         self._lines_in_segment = 0
 
     def _seal_current(self) -> None:
@@ -151,7 +152,7 @@ class SegmentWriter:
         """Seals the open segment (if any). Further writes start a new segment."""
         self._seal_current()
 
-    def __enter__(self) -> SegmentWriter:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

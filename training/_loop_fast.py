@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 from types import FrameType
-from typing import Any
+from typing import Any, Self
 
 from controllers.fast_types import FastAction, FastObservation, PreemptionResponse
 
@@ -33,7 +33,7 @@ class PreemptionSignal:
         self.received_wall_time_s: float | None = None
         self._received_monotonic: float | None = None
 
-    def __enter__(self) -> PreemptionSignal:
+    def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():
             for signum in self.signals:
                 self._previous[signum] = signal.signal(signum, self._handle)
@@ -85,7 +85,7 @@ def validate_action(action: FastAction, policy_name: str, world_size: int = 1) -
             "summing to 1"
         )
     if not isinstance(action.preemption_response, PreemptionResponse):
-        raise ValueError(f"{where} preemption_response={action.preemption_response!r}")
+        raise TypeError(f"{where} preemption_response={action.preemption_response!r}")
 
 
 def action_record(action: FastAction) -> dict[str, Any]:

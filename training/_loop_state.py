@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn as nn
+from torch import nn
 
 from training._loop_step import GradNoiseScale
 from training.data_types import Curriculum, ExampleSet
@@ -46,7 +46,9 @@ def default_model_config(examples: ExampleSet) -> GPTConfig | CNNConfig:
     """The default model for the data: GPT over its vocabulary and block, or the 10-class CNN."""
     if examples.kind == "text":
         if not examples.vocab:
-            raise ValueError(f"text partition {examples.partition!r} has no vocab; rebuild its shards")
+            raise ValueError(
+                f"text partition {examples.partition!r} has no vocab; rebuild its shards"
+            )
         return GPTConfig(vocab_size=len(examples.vocab), block_size=examples.inputs.shape[1] - 1)
     return CNNConfig()
 

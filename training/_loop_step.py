@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn as nn
+from torch import nn
 
 from training.data_types import ExampleSet
 from training.sampler import CurriculumSampler

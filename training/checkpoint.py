@@ -61,7 +61,9 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> str:
     torch.save(state, buffer)
     payload = buffer.getvalue()
     checksum = hashlib.sha256(payload).hexdigest()
-    header = b"%s %d sha256=%s bytes=%d\n" % (MAGIC, FORMAT_VERSION, checksum.encode(), len(payload))
+    header = b"%s %d sha256=%s bytes=%d\n" % (
+        MAGIC, FORMAT_VERSION, checksum.encode(), len(payload)
+    )
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as handle:
@@ -118,7 +120,9 @@ def load_checkpoint(
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {path} does not exist; pass an existing checkpoint file")
+        raise FileNotFoundError(
+            f"checkpoint {path} does not exist; pass an existing checkpoint file"
+        )
     with open(path, "rb") as handle:
         checksum, size = _read_header(path, handle)
         payload = handle.read()
@@ -131,7 +135,8 @@ def load_checkpoint(
     if actual != checksum:
         raise CheckpointCorruptError(
             f"{path} fails its checksum (header sha256 {checksum[:12]}..., content "
-            f"{actual[:12]}...): the file is corrupt; resume from an earlier checkpoint or start fresh"
+            f"{actual[:12]}...): the file is corrupt; resume from an earlier checkpoint or "
+            "start fresh"
         )
     # weights_only=False: see the module docstring (own files, checksum verified first).
     state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)

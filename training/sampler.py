@@ -45,7 +45,8 @@ def curriculum_pool(
         )
     if curriculum.data_fingerprint != examples.fingerprint:
         raise ValueError(
-            f"curriculum {curriculum.version} was built from data {curriculum.data_fingerprint[:12]} "
+            f"curriculum {curriculum.version} was built from data "
+            f"{curriculum.data_fingerprint[:12]} "
             f"but the examples are {examples.fingerprint[:12]}; re-materialize the curriculum"
         )
     if len(curriculum.example_ids) == 0:

@@ -1,0 +1,52 @@
+"""Start real servers on loopback for integration tests, and stop them by process-group id."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(command: list[str], log_path: Path, env: dict[str, str] | None = None,
+          cwd: Path | None = None) -> subprocess.Popen:
+    log = open(log_path, "wb")
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+
+
+def wait_http(url: str, process: subprocess.Popen, log_path: Path, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[0]} exited: {log_path.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(f"{url} did not answer in {timeout_s} s: {log_path.read_text()[-2000:]}")
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=5)
+        except ProcessLookupError:
+            pass
