@@ -56,7 +56,9 @@ def curriculum(
     examples = shards.load_shards(state.path("shards", partition))
     table = scoring.read_scores(state.path("scores", partition))
     built = curriculum_lib.build_curriculum(examples, table, rate, seed=config.seed)
-    path = curriculum_lib.write_curriculum(built, state.path("curricula", partition))
+    summary = curriculum_lib.summarize_curriculum(built, examples, table)
+    path = curriculum_lib.write_curriculum(built, state.path("curricula", partition),
+                                           summary=summary)
     kept = int(len(built.example_ids))
     train_total = int(len(examples.train_positions))
     return dg.MaterializeResult(

@@ -37,6 +37,7 @@ class AllocationObservation:
     work_total_h: float
     # GPU-hours of work gained per wall-clock hour while the full gang runs (after stragglers).
     work_rate_gpu_h_per_h: float
+    # The deadline as the runner applies it (the simulator rounds it down to whole ticks).
     deadline_s: float
     changeover_s: float
     checkpoint_save_s: float

@@ -93,8 +93,10 @@ class BatchScalingConfig:
     max_global_batch: int = 4096
     # Largest micro-batch one rank fits in memory; above it, gradient accumulation takes over.
     max_micro_batch_size: int = 64
-    # Weight of the previous value in the EMA of the noise scale seen at each decision.
-    ema_beta: float = 0.8
+    # Weight of the previous value in the EMA of the noise scale seen at each decision (about 10
+    # decisions of memory: with the band below, a noise scale that jitters by 30 % per decision
+    # moves the batch at most once; see tests/test_controllers_batch_scaling.py).
+    ema_beta: float = 0.9
     # Hysteresis in octaves: double when B_noise >= B * 2**(0.5 + h), halve when
     # B_noise <= B / 2**(0.5 + h). With h = 0.25 a noise scale anywhere in [0.59 B, 1.68 B]
     # keeps B, and after a step the new batch sits inside its own keep band.
@@ -144,17 +146,24 @@ class BatchScaler:
         self._ema = math.nan
 
     def update(self, b_noise: float, current_global_batch: int) -> BatchDecision:
-        """One decision. `b_noise` nan (not yet estimated) or <= 0 keeps the batch and the EMA.
+        """One decision. A `b_noise` that is nan (not yet estimated), <= 0 or infinite (noisy
+        estimates can be) leaves the EMA as it is and is named in the reason.
 
         Clamping to [min, max] takes precedence over the noise scale: a current batch outside the
         bounds moves one step toward them.
         """
-        cfg = self.config
-        current = current_global_batch
         if 0.0 < b_noise < math.inf:  # finite and positive (False for nan)
             ema = self._ema
-            beta = cfg.ema_beta
+            beta = self.config.ema_beta
             self._ema = b_noise if math.isnan(ema) else beta * ema + (1 - beta) * b_noise
+            return self._decide(current_global_batch)
+        decision = self._decide(current_global_batch)
+        if not math.isnan(b_noise):
+            decision.reason += f" (estimate {b_noise:.3g} ignored: not a positive number)"
+        return decision
+
+    def _decide(self, current: int) -> BatchDecision:
+        cfg = self.config
         ema = self._ema
         if current > cfg.max_global_batch:
             return BatchDecision(max(cfg.max_global_batch, current // 2), -1, ema,
@@ -175,24 +184,24 @@ class BatchScaler:
         return BatchDecision(current, 0, ema, f"B_noise {ema:.0f} within band of batch {current}")
 
 
-def split_global_batch(global_batch: int, num_ranks: int, max_micro_batch_size: int
-                       ) -> tuple[int, int]:
+def split_global_batch(global_batch: int, num_ranks: int, max_micro_batch_size: int,
+                       min_accum_steps: int = 1) -> tuple[int, int]:
     """(micro_batch_size, grad_accum_steps) per rank for a global batch under a memory limit.
 
     The per-rank batch is global // num_ranks (at least 1). Accumulation takes the fewest steps
-    that keep the micro-batch <= max_micro_batch_size, preferring an exact split (within 2x the
-    fewest steps); otherwise the micro-batch is floored (a slightly smaller effective batch).
+    (at least `min_accum_steps`, at most the per-rank batch) that keep the micro-batch <=
+    max_micro_batch_size, preferring an exact split (within 2x the fewest steps); otherwise the
+    micro-batch is floored (a slightly smaller effective batch).
     """
-    if num_ranks <= 0 or max_micro_batch_size <= 0 or global_batch <= 0:
+    if num_ranks <= 0 or max_micro_batch_size <= 0 or global_batch <= 0 or min_accum_steps <= 0:
         raise ValueError(
             f"global_batch={global_batch}, num_ranks={num_ranks}, max_micro_batch_size="
-            f"{max_micro_batch_size}: all must be positive integers"
+            f"{max_micro_batch_size}, min_accum_steps={min_accum_steps}: all must be positive "
+            "integers"
         )
     per_rank = max(1, global_batch // num_ranks)
-    if per_rank <= max_micro_batch_size:
-        return per_rank, 1
-    fewest = -(-per_rank // max_micro_batch_size)  # ceil
-    for accum in range(fewest, 2 * fewest + 1):
+    fewest = min(per_rank, max(min_accum_steps, -(-per_rank // max_micro_batch_size)))  # ceil
+    for accum in range(fewest, min(per_rank, 2 * fewest) + 1):
         if per_rank % accum == 0:
             return per_rank // accum, accum
     return per_rank // fewest, fewest

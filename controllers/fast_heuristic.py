@@ -18,9 +18,13 @@ Each part has its reference in its own module:
     the kill, as Parcae, Duan et al. NSDI'24, migrates ahead of preemptions); the work since that
     checkpoint is lost either way and is reported in the numbers.
 
-Safe fallback (any observation field NaN, infinite, negative or out of range; the gradient noise
-scale may be NaN, which the contract defines as "not yet estimated"): keep micro-batch, gradient
-accumulation and learning rate as they are, equal shares, CHECKPOINT_NOW if a notice is present
+The gradient noise scale is an estimate, not a measurement: NaN ("not yet estimated" in the
+contract), a negative value or infinity (the ratio of two noisy EMAs can be either) keep the
+batch and are named in the reason; the rest of the action is decided as usual.
+
+Safe fallback (any other observation field NaN, infinite, negative or out of range): keep micro-batch, gradient
+accumulation and learning rate as they are (an invalid one: the last good action's value, see
+`safe_fast_action`), equal shares, CHECKPOINT_NOW if a notice is present
 (whatever its value: without trustworthy numbers, saving is the safe side), CONTINUE otherwise.
 The reason starts with "fallback:" and names the bad fields; the smoothing state is not fed the
 bad values.
@@ -53,17 +57,21 @@ class FastHeuristicConfig:
     notice_safety_margin_s: float = 5.0
     # Weight of the previous value in the EMA of the time between decisions.
     tick_ema_beta: float = 0.8
+    # The trainer measures the noise scale from the micro-batches of one accumulation (small =
+    # micro-batch, big = accumulated batch; McCandlish et al. App. A), so with one step there is
+    # no estimate and the batch could never move. At least 2 keeps the estimate alive, at the
+    # price of smaller micro-batches; set 1 where the noise scale comes from elsewhere (DDP ranks).
+    min_grad_accum_steps: int = 2
 
 
 def _observation_ok(o: FastObservation) -> bool:
     """True when every field is usable; chained comparisons are False for NaN (the fast check)."""
     try:
-        gns = o.grad_noise_scale
         notice = o.preemption_notice_s
         times = o.rank_step_time_ms
         return bool(
             o.step >= 0 and 0.0 <= o.elapsed_s < _INF and 0.0 <= o.train_loss < _INF
-            and 0.0 <= o.grad_norm < _INF and (0.0 < gns < _INF or math.isnan(gns))
+            and 0.0 <= o.grad_norm < _INF and isinstance(o.grad_noise_scale, (int, float))
             and o.micro_batch_size >= 1 and o.grad_accum_steps >= 1
             and 0.0 <= o.learning_rate < _INF and o.dataloader_queue_depth >= 0
             and (notice is None or 0.0 <= notice < _INF) and 0.0 <= o.preemption_risk <= 1.0
@@ -90,8 +98,8 @@ def bad_observation_fields(o: FastObservation) -> list[str]:
         number_problem("checkpoint_cost_s", o.checkpoint_cost_s),
     ]
     gns = o.grad_noise_scale
-    if not (isinstance(gns, float) and math.isnan(gns)):
-        problems.append(number_problem("grad_noise_scale", gns, strictly_positive=True))
+    if isinstance(gns, bool) or not isinstance(gns, (int, float)):
+        problems.append(f"grad_noise_scale={gns!r} is not a number")
     if o.preemption_notice_s is not None:
         problems.append(number_problem("preemption_notice_s", o.preemption_notice_s))
     times = o.rank_step_time_ms
@@ -103,16 +111,40 @@ def bad_observation_fields(o: FastObservation) -> list[str]:
     return [p for p in problems if p is not None]
 
 
+def _valid_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _valid_rate(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and (
+        0.0 <= value < _INF)
+
+
 def safe_fast_action(observation: FastObservation, reason: str,
-                     numbers: dict[str, float] | None = None) -> FastAction:
-    """The documented safe action: keep batch and lr, equal shares, checkpoint if a notice is up."""
+                     numbers: dict[str, float] | None = None,
+                     last_good: FastAction | None = None) -> FastAction:
+    """The documented safe action: keep batch and lr, equal shares, checkpoint if a notice is up.
+
+    "Keep" takes the observation's micro-batch, accumulation and learning rate when they are
+    valid; an invalid one is replaced by the last good action's value, else by 1 (micro-batch,
+    accumulation) or 0.0 (learning rate: no update is safer than a NaN one).
+    """
+    micro = observation.micro_batch_size
+    accum = observation.grad_accum_steps
+    lr = observation.learning_rate
+    if not _valid_count(micro):
+        micro = last_good.micro_batch_size if last_good is not None else 1
+    if not _valid_count(accum):
+        accum = last_good.grad_accum_steps if last_good is not None else 1
+    if not _valid_rate(lr):
+        lr = last_good.learning_rate if last_good is not None else 0.0
     ranks = max(1, len(observation.rank_step_time_ms or ()))
     notice = observation.preemption_notice_s
     response = PreemptionResponse.CONTINUE if notice is None else PreemptionResponse.CHECKPOINT_NOW
     return FastAction(
-        micro_batch_size=observation.micro_batch_size,
-        grad_accum_steps=observation.grad_accum_steps,
-        learning_rate=observation.learning_rate,
+        micro_batch_size=micro,
+        grad_accum_steps=accum,
+        learning_rate=float(lr),
         rank_work_shares=tuple(1.0 / ranks for _ in range(ranks)),
         preemption_response=response,
         reason=reason,
@@ -135,6 +167,7 @@ class HeuristicFastPolicy:
         self._balancer = StragglerBalancer(self.config.stragglers)
         self._last_elapsed_s: float | None = None
         self._tick_s = 0.0  # EMA of the seconds between decisions (0 until two decisions)
+        self._last_good: FastAction | None = None
 
     def act(self, observation: FastObservation) -> FastAction:
         o = observation
@@ -145,7 +178,7 @@ class HeuristicFastPolicy:
                 "continue")
             return safe_fast_action(
                 o, f"fallback: bad {', '.join(bad)}: keep batch, equal shares, {response}",
-                {"bad_fields": float(len(bad))})
+                {"bad_fields": float(len(bad))}, self._last_good)
         cfg = self.config
         # Time between decisions, for the notice's "would the next decision be too late" test.
         if self._last_elapsed_s is not None and o.elapsed_s > self._last_elapsed_s:
@@ -161,12 +194,24 @@ class HeuristicFastPolicy:
         batch = self._batch.update(o.grad_noise_scale, current_global)
         micro, accum, lr = o.micro_batch_size, o.grad_accum_steps, o.learning_rate
         new_global = current_global
+        batch_reason = batch.reason
         if batch.direction != 0:
             micro, accum = split_global_batch(batch.global_batch, ranks,
-                                              cfg.batch.max_micro_batch_size)
+                                              cfg.batch.max_micro_batch_size,
+                                              cfg.min_grad_accum_steps)
             new_global = micro * accum * ranks
             lr = scale_learning_rate(lr, current_global, new_global, cfg.batch.lr_rule,
                                      cfg.batch.max_learning_rate)
+        elif accum < cfg.min_grad_accum_steps and micro * accum >= cfg.min_grad_accum_steps:
+            # Same global batch, split so the noise scale can be measured (lr unchanged).
+            micro, accum = split_global_batch(current_global, ranks,
+                                              cfg.batch.max_micro_batch_size,
+                                              cfg.min_grad_accum_steps)
+            if micro * accum * ranks != current_global:  # no exact split: keep as it is
+                micro, accum = o.micro_batch_size, o.grad_accum_steps
+            else:
+                batch_reason += (f"; split into {accum} accumulation steps to measure the noise "
+                                 "scale")
 
         # 2. Straggler shares.
         shares = self._balancer.update(times)
@@ -207,12 +252,14 @@ class HeuristicFastPolicy:
         }
         if notice is not None:
             numbers["preemption_notice_s"] = notice
-        return FastAction(
+        action = FastAction(
             micro_batch_size=micro,
             grad_accum_steps=accum,
             learning_rate=lr,
             rank_work_shares=shares.shares,
             preemption_response=response,
-            reason=f"{batch.reason}; {shares.reason}; {preempt_reason}",
+            reason=f"{batch_reason}; {shares.reason}; {preempt_reason}",
             numbers=numbers,
         )
+        self._last_good = action
+        return action

@@ -79,17 +79,32 @@ def test_tuner_retunes_when_cost_changes_and_holds_on_noise():
 
 
 def test_tuner_follows_a_market_that_turns_wild():
-    tuner = CheckpointIntervalTuner(CheckpointTunerConfig(forget_half_life_s=3600.0))
+    # A weak prior (0.1 pseudo-events) so the data speaks; forgetting with a 1 h half-life.
+    tuner = CheckpointIntervalTuner(CheckpointTunerConfig(forget_half_life_s=3600.0,
+                                                          prior_weight_events=0.1))
     tuner.observe_checkpoint_cost(30.0)
     for _ in range(24):  # a calm day: one interruption in 24 h
         tuner.observe_exposure(3600.0, 0)
     tuner.observe_exposure(0.0, 1)
+    calm_mtbf = tuner.mtbf_s
     calm_interval, _ = tuner.retune()
-    for _ in range(6):  # then six hours with one interruption every 10 minutes
+    for _ in range(12):  # then twelve hours with one interruption every 10 minutes
         tuner.observe_exposure(3600.0, 6)
-    assert tuner.mtbf_s == pytest.approx(600.0, rel=0.15)
+    assert calm_mtbf > 3600.0
+    assert tuner.mtbf_s == pytest.approx(600.0, rel=0.25)
     wild_interval, changed = tuner.retune()
-    assert changed and wild_interval < calm_interval / 3
+    assert changed and wild_interval < calm_interval / 2
+
+
+def test_tuner_without_forgetting_remembers_the_calm_day():
+    tuner = CheckpointIntervalTuner(CheckpointTunerConfig(forget_half_life_s=None,
+                                                          prior_weight_events=0.1))
+    for _ in range(24):
+        tuner.observe_exposure(3600.0, 0)
+    tuner.observe_exposure(0.0, 1)
+    for _ in range(2):
+        tuner.observe_exposure(3600.0, 6)
+    assert tuner.mtbf_s > 2 * 600.0  # the old calm exposure still dilutes the new rate
 
 
 def test_tuner_interval_is_clamped():

@@ -99,10 +99,10 @@ def test_build_model_refuses_unknown_kind_and_wrong_config():
 
 @pytest.mark.parametrize(
     "bad",
-    [dict(n_embd=30, n_head=4), dict(vocab_size=0), dict(dropout=1.0)],
+    [{"n_embd": 30, "n_head": 4}, {"vocab_size": 0}, {"dropout": 1.0}],
 )
 def test_gpt_config_checks(bad):
-    values = dict(vocab_size=10) | bad
+    values = {"vocab_size": 10} | bad
     with pytest.raises(ValueError, match="GPTConfig"):
         GPTConfig(**values)
 

@@ -84,7 +84,8 @@ def read_json(path: Path, *, what: str, fix: str) -> dict:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{what} {path} is corrupt ({exc}): {fix}") from exc
     if not isinstance(obj, dict):
-        raise ValueError(f"{what} {path} is corrupt (not a JSON object): {fix}")
+        # ValueError, not TypeError: the file's content is bad, not the caller's argument
+        raise ValueError(f"{what} {path} is corrupt (not a JSON object): {fix}")  # noqa: TRY004
     return obj
 
 

@@ -34,7 +34,7 @@ LATEST_NAME = "LATEST"
 CURRICULUM_FORMAT = "trainwise.curriculum/1"
 REMATERIALIZE = "re-materialize curriculum"
 VERSION_HEX = 12
-_VERSION_RE = re.compile(r"[0-9a-f]{%d}" % VERSION_HEX)
+_VERSION_RE = re.compile(f"[0-9a-f]{{{VERSION_HEX}}}")
 
 
 def validate_pruning_rate(pruning_rate: float) -> float:
@@ -144,6 +144,59 @@ def summarize_curriculum(c: Curriculum, examples: ExampleSet,
             "scorer": scores.scorer if scores is not None else None, "why": why}
 
 
+def coverage_report(examples: ExampleSet, c: Curriculum) -> dict:
+    """The curriculum gate: does `c` fit these shards, keep every shard (and class) and a sane
+    share of the train split? Returns {"passed": bool, "failures": [...], counts...}.
+
+    Sane share: at least 1 - rate, less 3 binomial standard deviations (InfoBatch prunes at most
+    `rate` of the below-mean examples, so the expected kept share is >= 1 - rate).
+    """
+    failures: list[str] = []
+    train = examples.train_positions
+    n_train = len(train)
+    if c.partition != examples.partition:
+        failures.append(f"curriculum is for partition {c.partition!r}, shards are "
+                        f"{examples.partition!r}")
+    if c.data_fingerprint != examples.fingerprint:
+        failures.append("curriculum was built from other shards (fingerprint "
+                        f"{c.data_fingerprint[:12]} != {examples.fingerprint[:12]}): {REMATERIALIZE}")
+    if len(np.unique(c.example_ids)) != len(c.example_ids):
+        failures.append("curriculum repeats example ids")
+    if not (np.isfinite(c.weights).all() and (c.weights >= 1.0).all()):
+        failures.append("curriculum has weights below 1 or not finite")
+    try:
+        kept = examples.positions_of(c.example_ids)
+    except KeyError as exc:
+        failures.append(str(exc.args[0]))
+        kept = np.zeros(0, dtype=np.int64)
+    if examples.is_eval[kept].any():
+        failures.append(f"{int(examples.is_eval[kept].sum())} eval examples are in the curriculum")
+    report: dict = {"partition": c.partition, "version": c.version, "kept": len(kept),
+                    "train_examples": int(n_train), "pruning_rate": c.pruning_rate}
+    groups = [("shards", examples.shard_index)]
+    if examples.kind == "image" and examples.labels is not None:
+        groups.append(("classes", examples.labels))
+    for name, values in groups:
+        needed = np.unique(values[train])
+        lost = np.setdiff1d(needed, np.unique(values[kept]))
+        report[f"{name}_covered"] = int(len(needed) - len(lost))
+        report[f"{name}_with_train_examples"] = len(needed)
+        if len(lost):
+            failures.append(f"curriculum keeps no example of {name} {lost.tolist()[:10]}")
+    kept_share = len(kept) / max(1, n_train)
+    rate = c.pruning_rate
+    min_share = max(0.0, 1.0 - rate - 3.0 * math.sqrt(rate * (1.0 - rate) / max(1, n_train)))
+    if kept_share < min_share:
+        failures.append(f"keeps {kept_share:.3f} of the train split, below {min_share:.3f} "
+                        f"for pruning rate {rate}")
+    report.update({"kept_share": round(kept_share, 6), "min_kept_share": round(min_share, 6),
+                   "passed": not failures, "failures": failures,
+                   "reason": "; ".join(failures) if failures else
+                   f"keeps {len(kept)} of {n_train} train examples from every shard"
+                   + (" and class" if len(groups) > 1 else "")})
+    return report
+
+
 def write_curriculum(c: Curriculum, out_dir: Path, *, summary: dict | None = None) -> Path:
     """Publish `c` under `out_dir` and point LATEST at it; returns the .json manifest path.
 
@@ -166,7 +219,7 @@ def write_curriculum(c: Curriculum, out_dir: Path, *, summary: dict | None = Non
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     atomic_write_bytes(parquet_path, sink.getvalue().to_pybytes())
-    summary = summary if summary is not None else {"kept": int(len(c.example_ids)),
+    summary = summary if summary is not None else {"kept": len(c.example_ids),
                                                    "pruned": None, "why": "no summary given"}
     manifest = {
         **summary,

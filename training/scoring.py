@@ -60,11 +60,16 @@ class ScoreTable:
 
     def summary(self) -> dict:
         """Flat scalars for asset metadata."""
-        return {"partition": self.partition, "rows": int(len(self.example_ids)),
+        return {"partition": self.partition, "rows": len(self.example_ids),
                 "scorer": self.scorer, "step": self.step,
                 "mean_loss": float(self.loss.mean()), "std_loss": float(self.loss.std()),
                 "mean_el2n": float(self.el2n.mean()) if self.el2n is not None else None,
                 "data_fingerprint": self.data_fingerprint}
+
+
+def score_metadata(table: ScoreTable) -> dict:
+    """Asset metadata of a score table: its summary without None values."""
+    return {k: v for k, v in table.summary().items() if v is not None}
 
 
 def _refuse_non_finite(values: np.ndarray, ids: np.ndarray, name: str) -> None:
@@ -225,7 +230,7 @@ def write_scores(table: ScoreTable, out_dir: Path) -> dict:
                 columns["el2n"] = pa.array(table.el2n[rows], pa.float64())
             name = f"scores-{int(shard):05d}.parquet"
             pq.write_table(pa.table(columns), staging / name)
-            entries.append({"file": name, "shard": int(shard), "rows": int(len(rows)),
+            entries.append({"file": name, "shard": int(shard), "rows": len(rows),
                             "sha256": sha256_file(staging / name)})
         header = {"format": SCORES_FORMAT, "partition": table.partition,
                   "data_fingerprint": table.data_fingerprint, "step": table.step,

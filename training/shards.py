@@ -108,6 +108,20 @@ class ShardManifest:
         }
 
 
+def manifest_metadata(manifest: ShardManifest) -> dict[str, Any]:
+    """Asset metadata of a build: rows, bytes, tokens or images, checksum, per-shard table.
+
+    Only str/int/float and a list of dicts (shown as JSON): no None values.
+    """
+    unit = "tokens" if manifest.kind == "text" else "images"
+    metadata = {k: v for k, v in manifest.summary().items() if v is not None}
+    metadata["build_s"] = round(manifest.build_s, 3)
+    metadata["shard_table"] = [
+        {"file": s["file"], "rows": s["rows"], "bytes": s["bytes"], unit: s[unit],
+         "n_eval": s["n_eval"], "sha256": s["sha256"]} for s in manifest.shards]
+    return metadata
+
+
 def validate_partition(partition: str) -> Source:
     """The Source of a partition name; refuses path-like and unknown names, listing valid ones."""
     valid = ", ".join(sorted(SOURCES))
@@ -295,7 +309,7 @@ def build_shards(
                                    else None, vocab, entries)
         return {
             "format": MANIFEST_FORMAT, "partition": partition, "kind": source.kind,
-            "fingerprint": fingerprint, "n_examples": int(len(inputs)),
+            "fingerprint": fingerprint, "n_examples": len(inputs),
             "n_train": int((~is_eval).sum()), "n_eval": int(is_eval.sum()),
             "block_size": block_size if source.kind == "text" else None,
             "vocab": list(vocab) if vocab is not None else None,

@@ -56,7 +56,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_explain(args: argparse.Namespace) -> int:
     from trainwise import explain
 
-    print(explain.timeline(args.run, telemetry_root=settings.home_dir() / "telemetry"))
+    print(explain.timeline(args.run, runs_root=settings.home_dir() / "runs"))
     return 0
 
 

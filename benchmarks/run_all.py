@@ -1,0 +1,23 @@
+"""`trainwise bench SUITE`: dispatch to a suite's `main(argv)`; `all` runs every suite."""
+
+from __future__ import annotations
+
+import importlib
+
+SUITES = {
+    "cost": "benchmarks.cost",
+    "controller": "benchmarks.controller_overhead",
+}
+
+
+def main(argv: list[str]) -> int:
+    suite, rest = argv[0], argv[1:]
+    names = list(SUITES) if suite == "all" else [suite]
+    unknown = [n for n in names if n not in SUITES]
+    if unknown:
+        raise ValueError(f"unknown suite {unknown[0]!r}; valid: {', '.join(SUITES)}, all")
+    status = 0
+    for name in names:
+        print(f"== benchmark: {name}")
+        status |= int(importlib.import_module(SUITES[name]).main(rest) or 0)
+    return status
