@@ -1,7 +1,4 @@
 """Data as assets: shards -> difficulty scores -> curriculum (with its gate)."""
-
-from __future__ import annotations
-
 import json
 
 import dagster as dg

@@ -1,6 +1,5 @@
 """The training run as an asset: a checkpoint, with its cost and eval loss in MLflow."""
 
-from __future__ import annotations
 
 import dagster as dg
 
@@ -58,6 +57,7 @@ def checkpoint(
         instance_type=config.instance_type or settings.get("TRAINWISE_INSTANCE_TYPE"),
         fast_policy=config.fast_policy,
         run_id=context.run_id,
+        region=settings.get("TRAINWISE_REGION"),
     )
     summary = runs.run_training(
         request,

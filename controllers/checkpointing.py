@@ -129,9 +129,10 @@ class CheckpointIntervalTuner:
         self._prior_mtbf_s = min(value, 100.0 * self.config.max_interval_s)
 
     def observe_exposure(self, duration_s: float, interruptions: int = 0) -> None:
-        """Add `duration_s` seconds of running during which `interruptions` preemptions/faults hit."""
+        """Add `duration_s` s of running during which `interruptions` preemptions/faults hit."""
         duration = require_number("duration_s", duration_s)
-        if isinstance(interruptions, bool) or not isinstance(interruptions, int) or interruptions < 0:
+        if isinstance(interruptions, bool) or not isinstance(interruptions, int) or (
+                interruptions < 0):
             raise ValueError(f"interruptions={interruptions!r} must be an int >= 0")
         half_life = self.config.forget_half_life_s
         if half_life is not None and duration > 0:

@@ -1,7 +1,8 @@
 """The cold-start fast policy: batch scaling, straggler shares and preemption response.
 
 `HeuristicFastPolicy.act` runs inside the training loop every N steps, so it is plain Python on
-floats and small tuples (about 10 us a call; `benchmarks/controller_overhead.py` measures it).
+floats and small tuples (10-25 us a call for 1-8 ranks on the 2-core dev machine;
+`benchmarks/controller_overhead.py` measures it).
 Each part has its reference in its own module:
 
 - batch: `controllers.batch_scaling` (gradient noise scale, McCandlish et al. 2018; learning rate
@@ -22,9 +23,9 @@ The gradient noise scale is an estimate, not a measurement: NaN ("not yet estima
 contract), a negative value or infinity (the ratio of two noisy EMAs can be either) keep the
 batch and are named in the reason; the rest of the action is decided as usual.
 
-Safe fallback (any other observation field NaN, infinite, negative or out of range): keep micro-batch, gradient
-accumulation and learning rate as they are (an invalid one: the last good action's value, see
-`safe_fast_action`), equal shares, CHECKPOINT_NOW if a notice is present
+Safe fallback (any other observation field NaN, infinite, negative or out of range): keep
+micro-batch, gradient accumulation and learning rate as they are (an invalid one: the last good
+action's value, see `safe_fast_action`), equal shares, CHECKPOINT_NOW if a notice is present
 (whatever its value: without trustworthy numbers, saving is the safe side), CONTINUE otherwise.
 The reason starts with "fallback:" and names the bad fields; the smoothing state is not fed the
 bad values.
@@ -184,7 +185,8 @@ class HeuristicFastPolicy:
         if self._last_elapsed_s is not None and o.elapsed_s > self._last_elapsed_s:
             delta = o.elapsed_s - self._last_elapsed_s
             beta = cfg.tick_ema_beta
-            self._tick_s = delta if self._tick_s == 0.0 else beta * self._tick_s + (1 - beta) * delta
+            self._tick_s = (delta if self._tick_s == 0.0
+                            else beta * self._tick_s + (1 - beta) * delta)
         self._last_elapsed_s = o.elapsed_s
 
         # 1. Batch scale and learning rate.
@@ -210,7 +212,7 @@ class HeuristicFastPolicy:
             if micro * accum * ranks != current_global:  # no exact split: keep as it is
                 micro, accum = o.micro_batch_size, o.grad_accum_steps
             else:
-                batch_reason += (f"; split into {accum} accumulation steps to measure the noise "
+                batch_reason += (f", split into {accum} accumulation steps to measure the noise "
                                  "scale")
 
         # 2. Straggler shares.

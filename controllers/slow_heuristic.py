@@ -4,7 +4,8 @@
 - Checkpoint interval: `controllers.checkpointing.CheckpointIntervalTuner` (Young/Daly on the
   running MTBF and checkpoint-cost estimates, re-tuned as they change, CheckFreq-style). The risk
   model's P(preemption within the horizon), when given, sets the MTBF prior; observed
-  interruptions then outweigh it.
+  interruptions then outweigh it. Interruptions saved by an on-notice checkpoint
+  (`ClusterSummary.preemptions_saved_by_notice`) do not count: they cost no rework.
 - Allocation: delegated to the `AllocationPolicy` given to the constructor (None: the action
   carries `allocation=None`, i.e. keep the nodes as they are).
 
@@ -55,6 +56,9 @@ def bad_slow_fields(obs: SlowObservation) -> list[str]:
         number_problem("cluster.spot_nodes", c.spot_nodes),
         number_problem("cluster.on_demand_nodes", c.on_demand_nodes),
         number_problem("cluster.preemptions_observed", c.preemptions_observed),
+        number_problem("cluster.preemptions_saved_by_notice", c.preemptions_saved_by_notice,
+                       maximum=c.preemptions_observed if isinstance(
+                           c.preemptions_observed, int) else None),
         number_problem("cluster.observed_for_s", c.observed_for_s),
         number_problem("cluster.risk_horizon_s", c.risk_horizon_s, strictly_positive=True),
     ]
@@ -63,13 +67,14 @@ def bad_slow_fields(obs: SlowObservation) -> list[str]:
         problems.append(number_problem("cluster.checkpoint_cost_s", c.checkpoint_cost_s))
     if c.preemption_risk is not None:
         problems.append(number_problem("cluster.preemption_risk", c.preemption_risk, maximum=1.0))
-    if isinstance(c.nodes, int) and c.spot_nodes + c.on_demand_nodes != c.nodes:
+    counts = (c.nodes, c.spot_nodes, c.on_demand_nodes)
+    if all(isinstance(n, int) for n in counts) and c.spot_nodes + c.on_demand_nodes != c.nodes:
         problems.append(f"cluster.spot_nodes {c.spot_nodes} + on_demand_nodes "
                         f"{c.on_demand_nodes} != nodes {c.nodes}")
     problems = [p for p in problems if p is not None]
     try:
         problems += check_pruning_inputs(obs.data, obs.loss_curve, obs.progress)
-    except TypeError as error:  # a None where a number belongs
+    except (TypeError, AttributeError) as error:  # a None where a number or part belongs
         problems.append(f"data/loss_curve/progress: {error}")
     return problems
 
@@ -106,14 +111,16 @@ class HeuristicSlowPolicy:
 
     def _update_tuner(self, obs: SlowObservation) -> None:
         c = obs.cluster
-        if c.observed_for_s < self._last_observed_for_s or (
-                c.preemptions_observed < self._last_preemptions):
+        # Only interruptions that lost work count: a preemption whose notice let the on-notice
+        # checkpoint finish is not what periodic checkpoints guard against.
+        lossy = c.preemptions_observed - c.preemptions_saved_by_notice
+        if c.observed_for_s < self._last_observed_for_s or lossy < self._last_preemptions:
             # Counters went back: a new run (or a restarted recorder); count from zero again.
             self._last_observed_for_s, self._last_preemptions = 0.0, 0
         self._tuner.observe_exposure(c.observed_for_s - self._last_observed_for_s,
-                                     c.preemptions_observed - self._last_preemptions)
+                                     lossy - self._last_preemptions)
         self._last_observed_for_s = c.observed_for_s
-        self._last_preemptions = c.preemptions_observed
+        self._last_preemptions = lossy
         if c.preemption_risk is not None:
             self._tuner.set_prior_mtbf(mtbf_from_risk_s(c.preemption_risk, c.risk_horizon_s))
         if c.checkpoint_cost_s == c.checkpoint_cost_s and c.checkpoint_cost_s > 0:
@@ -142,8 +149,10 @@ class HeuristicSlowPolicy:
             allocation = self.allocation_policy.act(observation)
             allocation_reason = f"allocation by {self.allocation_policy.name}"
         numbers = dict(pruning.numbers)
+        cluster = observation.cluster
         numbers.update(checkpoint_interval_s=interval_s, mtbf_s=mtbf,
-                       preemptions_observed=float(observation.cluster.preemptions_observed))
+                       preemptions_observed=float(cluster.preemptions_observed),
+                       preemptions_saved_by_notice=float(cluster.preemptions_saved_by_notice))
         if cost is not None:
             numbers["checkpoint_cost_s"] = cost
             numbers["checkpoint_overhead_fraction"] = expected_overhead_fraction(

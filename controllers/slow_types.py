@@ -63,6 +63,10 @@ class ClusterSummary:
     # P(interruption within risk_horizon_s) from the risk model; None when no model is given.
     preemption_risk: float | None = None
     risk_horizon_s: float = 600.0
+    # Of preemptions_observed, those whose notice was long enough for the on-notice checkpoint
+    # to complete (nothing lost). Periodic checkpoints need not guard against them, so the
+    # Young/Daly interval counts only the others. 0 = count every interruption.
+    preemptions_saved_by_notice: int = 0
 
     @property
     def mean_time_between_preemptions_s(self) -> float:

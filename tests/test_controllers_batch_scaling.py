@@ -109,6 +109,16 @@ def test_split_global_batch_respects_the_memory_limit(global_batch, ranks, max_m
     assert micro <= max_micro
 
 
+@pytest.mark.parametrize("global_batch, min_accum, expected", [
+    (32, 2, (16, 2)),
+    (256, 2, (64, 4)),  # the memory limit needs 4 anyway
+    (1, 2, (1, 1)),  # cannot split one example
+    (6, 4, (1, 6)),  # 4 and 5 do not divide 6: the next exact split
+])
+def test_split_global_batch_keeps_a_minimum_accumulation(global_batch, min_accum, expected):
+    assert split_global_batch(global_batch, 1, 64, min_accum_steps=min_accum) == expected
+
+
 def test_learning_rate_scaling_rules():
     assert scale_learning_rate(1e-3, 64, 256, "sqrt") == pytest.approx(2e-3)
     assert scale_learning_rate(1e-3, 64, 256, "linear") == pytest.approx(4e-3)

@@ -46,7 +46,8 @@ def test_sink_errors_propagate():
 
 
 def test_timeline_is_in_time_order_with_reason_action_and_numbers():
-    text = format_timeline([decision(5.0, reason="second"), decision(1.0, "slow", "first").to_dict()])
+    text = format_timeline([decision(5.0, reason="second"),
+                            decision(1.0, "slow", "first").to_dict()])
     lines = text.splitlines()
     assert lines[0].split()[:3] == ["time_s", "step", "layer"]
     assert text.index("first") < text.index("second")

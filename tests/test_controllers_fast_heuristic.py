@@ -14,7 +14,7 @@ from controllers.fast_types import FastObservation, PreemptionResponse
 
 BASE = FastObservation(
     step=100, elapsed_s=60.0, train_loss=2.5, grad_norm=1.2, grad_noise_scale=math.nan,
-    micro_batch_size=32, grad_accum_steps=1, learning_rate=1e-3,
+    micro_batch_size=16, grad_accum_steps=2, learning_rate=1e-3,
     rank_step_time_ms=(100.0, 100.0), dataloader_queue_depth=4, preemption_notice_s=None,
     preemption_risk=0.05, seconds_since_checkpoint=200.0, checkpoint_cost_s=10.0)
 
@@ -25,7 +25,7 @@ def obs(**changes) -> FastObservation:
 
 def test_keeps_everything_while_noise_scale_is_unknown():
     a = HeuristicFastPolicy().act(BASE)
-    assert (a.micro_batch_size, a.grad_accum_steps, a.learning_rate) == (32, 1, 1e-3)
+    assert (a.micro_batch_size, a.grad_accum_steps, a.learning_rate) == (16, 2, 1e-3)
     assert a.rank_work_shares == (0.5, 0.5)
     assert a.preemption_response is PreemptionResponse.CONTINUE
     assert "not estimated" in a.reason and "no notice" in a.reason
@@ -43,9 +43,28 @@ def test_batch_doubles_into_accumulation_under_the_memory_limit():
 
 def test_batch_halves_with_linear_lr_rule():
     policy = HeuristicFastPolicy(FastHeuristicConfig(batch=BatchScalingConfig(lr_rule="linear")))
-    a = policy.act(obs(grad_noise_scale=10.0))
-    assert (a.micro_batch_size, a.grad_accum_steps) == (16, 1)
+    a = policy.act(obs(grad_noise_scale=10.0))  # global 64 -> 32: 16 per rank, 2 x 8
+    assert (a.micro_batch_size, a.grad_accum_steps) == (8, 2)
     assert a.learning_rate == pytest.approx(5e-4)
+
+
+def test_single_accumulation_step_is_split_so_the_noise_scale_can_be_measured():
+    a = HeuristicFastPolicy().act(obs(micro_batch_size=32, grad_accum_steps=1))
+    assert (a.micro_batch_size, a.grad_accum_steps, a.learning_rate) == (16, 2, 1e-3)
+    assert "measure the noise scale" in a.reason
+    kept = HeuristicFastPolicy(FastHeuristicConfig(min_grad_accum_steps=1)).act(
+        obs(micro_batch_size=32, grad_accum_steps=1))
+    assert (kept.micro_batch_size, kept.grad_accum_steps) == (32, 1)
+
+
+@pytest.mark.parametrize("estimate", [-50.0, math.inf, 0.0])
+def test_unusable_noise_scale_estimate_keeps_batch_without_a_fallback(estimate):
+    policy = HeuristicFastPolicy()
+    policy.act(obs(grad_noise_scale=60.0))
+    a = policy.act(obs(grad_noise_scale=estimate, rank_step_time_ms=(100.0, 100.0)))
+    assert not a.reason.startswith("fallback")
+    assert "ignored" in a.reason and (a.micro_batch_size, a.grad_accum_steps) == (16, 2)
+    assert policy._batch.b_noise_ema == 60.0
 
 
 def test_shares_follow_throughput_in_a_loop():
@@ -92,7 +111,7 @@ def test_last_chance_uses_the_measured_time_between_decisions():
     ({"rank_step_time_ms": (100.0, -3.0)}, "rank_step_time_ms[1]"),
     ({"rank_step_time_ms": (math.nan, 100.0)}, "rank_step_time_ms[0]"),
     ({"rank_step_time_ms": ()}, "rank_step_time_ms is empty"),
-    ({"grad_noise_scale": -50.0}, "grad_noise_scale"),
+    ({"grad_noise_scale": "big"}, "grad_noise_scale"),
     ({"preemption_risk": 1.5}, "preemption_risk"),
     ({"seconds_since_checkpoint": -1.0}, "seconds_since_checkpoint"),
     ({"checkpoint_cost_s": math.nan}, "checkpoint_cost_s"),
@@ -119,9 +138,9 @@ def test_bad_input_falls_back_and_names_the_field(changes, field):
 
 def test_fallback_replaces_invalid_batch_and_lr_with_the_last_good_values():
     policy = HeuristicFastPolicy()
-    good = policy.act(obs(grad_noise_scale=1000.0))  # 64 -> 128: micro 64, lr x sqrt 2
+    good = policy.act(obs(grad_noise_scale=1000.0))  # 64 -> 128: 32 x 2 per rank, lr x sqrt 2
     a = policy.act(obs(micro_batch_size=0, learning_rate=math.nan))
-    assert a.micro_batch_size == good.micro_batch_size == 64
+    assert a.micro_batch_size == good.micro_batch_size == 32
     assert a.learning_rate == good.learning_rate
     fresh = HeuristicFastPolicy().act(obs(micro_batch_size=0, learning_rate=math.nan))
     assert (fresh.micro_batch_size, fresh.learning_rate) == (1, 0.0)
@@ -154,6 +173,7 @@ def test_safe_fast_action_shape():
 
 def test_every_action_has_a_reason_and_numbers():
     a = HeuristicFastPolicy().act(obs(grad_noise_scale=80.0, rank_step_time_ms=(90.0, 120.0)))
-    assert a.reason.count(";") == 2  # batch; shares; preemption
+    batch, shares, preemption = a.reason.split("; ")
+    assert batch.startswith("B_noise") and "shares" in shares and preemption == "no notice"
     assert {"b_noise_ema", "global_batch", "share_gain", "preemption_risk"} <= set(a.numbers)
     assert all(isinstance(v, float) for v in a.numbers.values())

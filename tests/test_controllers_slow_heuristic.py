@@ -58,6 +58,16 @@ def test_interval_retunes_as_preemptions_are_observed():
     assert "kept at" in steady.reason
 
 
+def test_preemptions_saved_by_notice_do_not_shorten_the_interval():
+    saved = no_forgetting_policy().act(obs(cluster={
+        "preemptions_observed": 12, "preemptions_saved_by_notice": 12,
+        "observed_for_s": 3 * 3600.0}))
+    lossy = no_forgetting_policy().act(obs(cluster={
+        "preemptions_observed": 12, "observed_for_s": 3 * 3600.0}))
+    assert saved.numbers["mtbf_s"] == pytest.approx(4 * 3600.0 + 3 * 3600.0)
+    assert saved.checkpoint_interval_s > 3 * lossy.checkpoint_interval_s
+
+
 def test_interval_retunes_when_checkpoint_cost_changes():
     policy = no_forgetting_policy()
     first = policy.act(BASE)
@@ -117,6 +127,7 @@ def test_allocation_comes_from_the_pluggable_policy():
     ({"cluster": {"observed_for_s": math.nan}}, "cluster.observed_for_s"),
     ({"cluster": {"preemption_risk": -0.1}}, "cluster.preemption_risk"),
     ({"cluster": {"checkpoint_cost_s": -3.0}}, "cluster.checkpoint_cost_s"),
+    ({"cluster": {"preemptions_saved_by_notice": 2}}, "preemptions_saved_by_notice=2 is > 0"),
     ({"data": DataSummary(10, math.nan, 1.0, 0.5)}, "data.mean_loss_score"),
     ({"progress": Progress(1.0, 0.0, 1.0, 1.0)}, "progress.work_total"),
     ({"loss_curve": LossCurve((2.0,), (), 10)}, "1 losses but 0 steps"),

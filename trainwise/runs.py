@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from trainwise import tracking
+from controllers.fast_types import FastPolicy, NoOpFastPolicy
+from trainwise import settings, tracking
 from trainwise.object_store import ObjectStore
 
 
@@ -29,6 +30,7 @@ class TrainRequest:
     instance_type: str
     fast_policy: str
     run_id: str
+    region: str = "us-west-2"
 
 
 @dataclass(frozen=True)
@@ -93,17 +95,22 @@ class RunSummary:
         )
 
 
-def price_usd_per_hour(instance_type: str) -> float:
+def price_usd_per_hour(instance_type: str, region: str) -> float:
     """On-demand list price of the instance type the emulated node stands for."""
     from cloud import prices
 
-    return prices.on_demand_usd_per_hour(instance_type)
+    return prices.on_demand_price(instance_type, region)
 
 
-def _fast_policy(name: str):
-    from controllers import registry
+def fast_policy(name: str) -> FastPolicy:
+    """The fast policy run inside the loop, by name; unknown names list the valid ones."""
+    if name == "noop":
+        return NoOpFastPolicy()
+    if name == "heuristic":
+        from controllers.fast_heuristic import HeuristicFastPolicy
 
-    return registry.fast_policy(name)
+        return HeuristicFastPolicy()
+    raise ValueError(f"unknown fast policy {name!r}; valid: noop, heuristic")
 
 
 def step_metrics(events: list[dict[str, Any]]) -> list[tuple[int, dict[str, float]]]:
@@ -168,10 +175,10 @@ def run_training(
 
     if request.max_steps <= 0:
         raise ValueError(f"max_steps must be positive, got {request.max_steps}")
-    price = price_usd_per_hour(request.instance_type)
+    price = price_usd_per_hour(request.instance_type, request.region)
     examples = shards.load_shards(state_dir / "shards" / request.partition)
     curriculum = curriculum_lib.load_curriculum(state_dir / "curricula" / request.partition)
-    policy = _fast_policy(request.fast_policy)
+    policy = fast_policy(request.fast_policy)
     config = loop.TrainConfig(
         max_steps=request.max_steps,
         micro_batch_size=request.micro_batch_size,
@@ -182,6 +189,7 @@ def run_training(
         price_usd_per_hour=price,
         instance_type=request.instance_type,
         run_id=request.run_id,
+        num_threads=int(settings.get("TRAINWISE_TORCH_THREADS")),
     )
     run_dir = state_dir / "runs" / request.run_id
     result = loop.train(config, examples, curriculum, run_dir, fast_policy=policy,

@@ -37,6 +37,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TRAINWISE_CLOUD", "emulated", "how the cloud is run: sim | emulated | aws"),
     Setting("TRAINWISE_INSTANCE_TYPE", "p3.2xlarge", "instance type the emulated node stands for "
             "(sets the USD price)"),
+    Setting("TRAINWISE_REGION", "us-west-2", "AWS region whose list prices bill the emulated node"),
     Setting("TRAINWISE_PRUNING_RATE", "0.3", "share of low-difficulty examples pruned per epoch; 0 keeps all"),
     Setting("TRAINWISE_DEMO_PARTITION", "", "data partition of the demo; empty = tinyshakespeare, "
             "or pystdlib when the shared data is missing"),

@@ -1,0 +1,312 @@
+"""The cost suite: every policy and the hindsight oracle on the same real-trace windows.
+
+Settings (each a job shape on some trace folders):
+- `single_node`: the Can't Be Late setting (Wu et al., NSDI'24): 1 node, 48 h of training, a 52 h
+  deadline, 0.1 h changeover; on p3.2xlarge traces on-demand 3.06 USD/h and spot 0.9731 USD/h as in
+  the paper. The same job runs on every 1-node trace folder; the K80 and 8-GPU traces of the
+  2022-10 folder price their own instance type (list price, spot from the Spot Advisor saving).
+- `multi_node`: 16 x p3.2xlarge in one synchronous gang, 640 GPU-h of work, a 52 h deadline, on
+  the 4-node trace scaled to 16 nodes as 4 independent pools: the zone's availability at tick i
+  is the sum of the 4-node trace at ticks i, i+1 d, i+2 d, i+3 d (`scaled_availability`).
+  Stragglers (mean slowest-of-16 inflation from the Alibaba traces) and node faults (from the
+  InfiniteHBD fault log, seeded per scenario) are on.
+
+Both settings share the rules: checkpoint save 60 s every hour of training, 120 s spot notice
+(a save fits it), per-second billing.
+
+Two scenario kinds, each with its own oracle:
+- single-zone: one trace file, one window; the job stays in that zone;
+- multi-zone: the zones of one folder with the same node shape, one window, a home zone (each
+  zone in turn): single-zone policies stay home, failover policies may move, paying a changeover.
+Windows per zone are evenly spaced start ticks over the trace.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from cloud.faults import FaultSampler, load_fault_trace
+from cloud.oracle import hindsight_optimum
+from cloud.policy_registry import make_policy, policy_names
+from cloud.prices import (
+    CANT_BE_LATE_ON_DEMAND_USD_PER_HOUR,
+    CANT_BE_LATE_SPOT_USD_PER_HOUR,
+    instance_for_trace,
+    instance_type,
+    on_demand_price,
+    spot_price_from_advisor,
+)
+from cloud.simulator import ClusterRules, JobSpec, Market, market_from_traces, simulate
+from cloud.stragglers import StragglerSampler, load_step_inflation
+from cloud.traces import SpotTrace, group_by_shape, load_folder, scaled_availability
+
+SINGLE_NODE_FOLDERS = (
+    "availability-1node-aws-2023-02",
+    "availability-1node-aws-2022-10",
+    "preemption-1node-aws-2023-04",
+)
+MULTI_NODE_FOLDER = "preemption-4node-aws-2023-08"
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    title: str
+    folders: tuple[str, ...]
+    node_count: int
+    # Hours of full-gang training at the reference throughput (before stragglers).
+    train_h: float
+    deadline_h: float
+    changeover_s: float = 360.0
+    checkpoint_save_s: float = 60.0
+    checkpoint_interval_s: float = 3600.0
+    notice_s: float = 120.0
+    # The multi-node market: copies of a trace, shifted by `copy_offset_s` each.
+    copies: int = 1
+    copy_offset_s: int = 0
+    stragglers: bool = False
+    faults: bool = False
+
+    def job(self, gpus_per_node: int, deadline_h: float | None = None) -> JobSpec:
+        return JobSpec(
+            work_gpu_h=self.train_h * self.node_count * gpus_per_node,
+            deadline_s=(deadline_h if deadline_h is not None else self.deadline_h) * 3600.0,
+            node_count=self.node_count,
+            gpus_per_node=gpus_per_node,
+        )
+
+
+SINGLE_NODE = Setting(
+    name="single_node",
+    title="Can't Be Late setting: 1 node, 48 h of work, 52 h deadline, 0.1 h changeover",
+    folders=SINGLE_NODE_FOLDERS,
+    node_count=1,
+    train_h=48.0,
+    deadline_h=52.0,
+)
+MULTI_NODE = Setting(
+    name="multi_node",
+    title="16 x p3.2xlarge gang, 640 GPU-h of work, 52 h deadline (4-node trace x 4 pools)",
+    folders=(MULTI_NODE_FOLDER,),
+    node_count=16,
+    train_h=40.0,
+    deadline_h=52.0,
+    copies=4,
+    copy_offset_s=86400,
+    stragglers=True,
+    faults=True,
+)
+SETTINGS = (SINGLE_NODE, MULTI_NODE)
+
+
+@dataclass
+class Scenario:
+    setting: Setting
+    kind: str  # "single_zone" | "multi_zone"
+    folder: str
+    instance_type: str
+    market: Market  # the window
+    home_zone: str
+    start_tick: int
+    job: JobSpec
+    rules: ClusterRules
+    oracle_key: tuple  # scenarios with the same key share one oracle
+    seed: int
+    deadline_h: float
+
+
+@dataclass
+class ZoneGroup:
+    """Zones of one folder with one node shape, already scaled, as one market over the trace."""
+
+    folder: str
+    instance_type: str
+    gpus_per_node: int
+    market: Market
+
+
+def trace_prices(trace: SpotTrace, instance: str) -> tuple[float, float]:
+    """(spot, on-demand) USD per node-hour: the paper's prices on p3.2xlarge, else list price and
+    the Spot Advisor saving for the zone's region."""
+    if instance == "p3.2xlarge":
+        return CANT_BE_LATE_SPOT_USD_PER_HOUR, CANT_BE_LATE_ON_DEMAND_USD_PER_HOUR
+    return spot_price_from_advisor(instance, trace.region), on_demand_price(instance, trace.region)
+
+
+def zone_groups(setting: Setting, max_zones: int | None = None) -> list[ZoneGroup]:
+    groups: list[ZoneGroup] = []
+    for folder in setting.folders:
+        for shape, traces in group_by_shape(load_folder(folder)).items():
+            traces = traces[:max_zones] if max_zones else traces
+            instance = instance_for_trace(folder, f"{traces[0].zone}_{shape}.json")
+            prices = [trace_prices(t, instance) for t in traces]
+            availability = None
+            if setting.copies > 1:
+                offset = setting.copy_offset_s // traces[0].tick_s
+                availability = [scaled_availability(t.available, setting.copies, offset) for t in traces]
+            market = market_from_traces(traces, tuple(p[0] for p in prices),
+                                        tuple(p[1] for p in prices), availability)
+            groups.append(ZoneGroup(folder, instance, instance_type(instance).gpus, market))
+    return groups
+
+
+def window_starts(n_ticks: int, window_ticks: int, count: int) -> list[int]:
+    """`count` evenly spaced start ticks of windows that fit the trace."""
+    last = n_ticks - window_ticks
+    if last < 0:
+        raise ValueError(f"a window of {window_ticks} ticks does not fit a trace of {n_ticks} ticks")
+    if count <= 1 or last == 0:
+        return [0]
+    return sorted({int(round(x)) for x in np.linspace(0, last, count)})
+
+
+def _seed(*parts: object) -> int:
+    return zlib.crc32("/".join(map(str, parts)).encode())
+
+
+def build_scenarios(
+    setting: Setting,
+    rules: ClusterRules,
+    windows_per_zone: int,
+    kinds: Iterable[str] = ("single_zone", "multi_zone"),
+    deadline_h: float | None = None,
+    max_zones: int | None = None,
+    folders: tuple[str, ...] | None = None,
+) -> list[Scenario]:
+    deadline_h = deadline_h if deadline_h is not None else setting.deadline_h
+    if folders is not None:
+        setting = replace(setting, folders=folders)
+    scenarios: list[Scenario] = []
+    for group in zone_groups(setting, max_zones):
+        job = setting.job(group.gpus_per_node, deadline_h)
+        window_ticks = int(math.floor(job.deadline_s / group.market.tick_s + 1e-9))
+        starts = window_starts(group.market.n_ticks, window_ticks, windows_per_zone)
+        for start in starts:
+            window = group.market.window(start, window_ticks)
+            for zone in window.zones:
+                base = dict(setting=setting, folder=group.folder, instance_type=group.instance_type,
+                            home_zone=zone, start_tick=start, job=job, rules=rules,
+                            deadline_h=deadline_h)
+                if "single_zone" in kinds:
+                    scenarios.append(Scenario(
+                        kind="single_zone", market=window.zone_market(zone),
+                        oracle_key=(setting.name, deadline_h, group.folder, group.instance_type, zone, start),
+                        seed=_seed(setting.name, deadline_h, group.folder, group.instance_type, zone, start), **base))
+                if "multi_zone" in kinds and len(window.zones) > 1:
+                    scenarios.append(Scenario(
+                        kind="multi_zone", market=window,
+                        oracle_key=(setting.name, deadline_h, group.folder, group.instance_type, window.zones,
+                                    start),
+                        seed=_seed(setting.name, deadline_h, group.folder, group.instance_type, zone, start,
+                                   "multi"),
+                        **base))
+    return scenarios
+
+
+def rules_for(setting: Setting) -> ClusterRules:
+    slowdown = 1.0
+    if setting.stragglers:
+        sampler = StragglerSampler(load_step_inflation(), seed=0)
+        slowdown = sampler.expected_step_slowdown(setting.node_count)
+    return ClusterRules(
+        changeover_s=setting.changeover_s,
+        checkpoint_save_s=setting.checkpoint_save_s,
+        checkpoint_interval_s=setting.checkpoint_interval_s,
+        notice_s=setting.notice_s,
+        step_slowdown=slowdown,
+    )
+
+
+@dataclass
+class ScenarioOutcome:
+    scenario: Scenario
+    oracle_met_usd: float
+    oracle_any_usd: float
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _result_row(result: Any) -> dict[str, Any]:
+    return {
+        "cost_usd": result.cost_usd,
+        "completion_usd": result.completion_usd,
+        "deadline_met": result.deadline_met,
+        "finish_h": None if result.finish_s is None else result.finish_s / 3600.0,
+        "spot_share": result.spot_share,
+        "waste_share": result.waste_share,
+        "utilization": result.utilization,
+        "preemptions": result.preemptions,
+        "changeovers": result.changeovers,
+        "faults": result.faults,
+    }
+
+
+def run_scenarios(
+    scenarios: list[Scenario],
+    policies: tuple[str, ...],
+    progress: Callable[[Iterable], Iterable] | None = None,
+) -> list[ScenarioOutcome]:
+    """Run every policy and the oracle (once per oracle key) on every scenario."""
+    oracle_cache: dict[tuple, tuple[float, float]] = {}
+    fault_trace = None
+    outcomes: list[ScenarioOutcome] = []
+    iterator = progress(scenarios) if progress else scenarios
+    for scenario in iterator:
+        if scenario.oracle_key not in oracle_cache:
+            bound = hindsight_optimum(scenario.job, scenario.rules, scenario.market)
+            oracle_cache[scenario.oracle_key] = (bound.cost_deadline_met_usd, bound.cost_any_usd)
+        met, any_ = oracle_cache[scenario.oracle_key]
+        outcome = ScenarioOutcome(scenario, met, any_)
+        for name in policies:
+            sampler = None
+            if scenario.setting.faults:
+                fault_trace = fault_trace or load_fault_trace()
+                sampler = FaultSampler(fault_trace, seed=scenario.seed)
+            result = simulate(make_policy(name), scenario.job, scenario.rules, scenario.market,
+                              home_zone=scenario.home_zone, fault_sampler=sampler)
+            outcome.results[name] = _result_row(result)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def oracle_violations(outcomes: list[ScenarioOutcome], tolerance_usd: float = 1e-6) -> list[dict]:
+    """Scenario/policy pairs where a policy beat its bound: the deadline-met oracle for runs that
+    met the deadline, the any-finish oracle for runs that did not. Must be empty."""
+    found = []
+    for outcome in outcomes:
+        for name, row in outcome.results.items():
+            bound = outcome.oracle_met_usd if row["deadline_met"] else outcome.oracle_any_usd
+            if row["cost_usd"] < bound - tolerance_usd:
+                found.append({"policy": name, "kind": outcome.scenario.kind,
+                              "folder": outcome.scenario.folder, "zone": outcome.scenario.home_zone,
+                              "start_tick": outcome.scenario.start_tick, "cost_usd": row["cost_usd"],
+                              "bound_usd": bound})
+    return found
+
+
+def time_full_trace(policies: tuple[str, ...], repeats: int = 3) -> dict[str, float]:
+    """Best-of-`repeats` seconds to replay the whole 45-day 2023-02 trace (20,158 ticks) in one
+    zone for one policy: a 900 GPU-h job with the trace's full length as its deadline."""
+    trace = next(t for t in load_folder("availability-1node-aws-2023-02") if t.zone == "us-west-2a")
+    market = market_from_traces([trace], (CANT_BE_LATE_SPOT_USD_PER_HOUR,),
+                                (CANT_BE_LATE_ON_DEMAND_USD_PER_HOUR,))
+    job = JobSpec(work_gpu_h=900.0, deadline_s=market.n_ticks * market.tick_s)
+    rules = rules_for(SINGLE_NODE)
+    seconds: dict[str, float] = {}
+    for name in policies:
+        best = math.inf
+        for _ in range(repeats):
+            start = time.perf_counter()
+            simulate(make_policy(name), job, rules, market)
+            best = min(best, time.perf_counter() - start)
+        seconds[name] = best
+    return seconds
+
+
+def default_policies() -> tuple[str, ...]:
+    return policy_names()

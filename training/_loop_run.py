@@ -1,0 +1,243 @@
+"""The step loop of `training.loop.train`: steps, fast ticks, preemption, eval, checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from tqdm import tqdm
+
+from controllers.fast_types import FastPolicy, PreemptionResponse
+from telemetry.events import (
+    CheckpointEvent,
+    DecisionEvent,
+    EvalEvent,
+    PreemptionEvent,
+    RunEndEvent,
+    StepEvent,
+)
+from telemetry.writer import SegmentWriter
+from training import _loop_fast as fast
+from training._loop_config import TrainConfig, get_lr
+from training._loop_state import RunState, build_state
+from training._loop_step import evaluate, fixed_eval_batches, tokens_per_example, train_step
+from training.checkpoint import checkpoint_name, prune_checkpoints, save_checkpoint
+from training.data_types import Curriculum, ExampleSet
+from training.model import CNNConfig, GPTConfig
+from training.sampler import CurriculumSampler
+
+Status = Literal["completed", "preempted", "stopped", "migrated"]
+
+
+@dataclass
+class LoopRun:
+    """One process working on a run: the loop and its parts as small methods."""
+
+    config: TrainConfig
+    examples: ExampleSet
+    curriculum: Curriculum | None
+    out_dir: Path
+    model_kind: str
+    model_config: GPTConfig | CNNConfig
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    sampler: CurriculumSampler
+    run: RunState
+    policy: FastPolicy
+    started: float  # time.perf_counter() when this process began on the run
+    writer: SegmentWriter | None = None
+    checkpoint_path: Path | None = None
+    checkpoint_sha256: str | None = None
+    _checkpoint_step: int | None = None
+    _last: dict[str, Any] | None = None  # the latest step's figures, for the fast policy
+
+    def __post_init__(self) -> None:
+        self._elapsed_before_s = self.run.elapsed_s
+        self._eval_batches = fixed_eval_batches(
+            self.examples, self.config.eval_batches, self.config.eval_batch_size
+        )
+        self._tokens_per_example = tokens_per_example(self.examples)
+
+    # -- bookkeeping ------------------------------------------------------------------------
+    def _tick_clock(self) -> None:
+        self.run.elapsed_s = self._elapsed_before_s + (time.perf_counter() - self.started)
+        self.run.cost_usd = self.run.elapsed_s * self.config.price_usd_per_hour / 3600.0
+
+    def _write(self, event: Any) -> None:
+        assert self.writer is not None
+        self.writer.write(event)
+
+    def _learning_rate(self) -> float:
+        return get_lr(self.run.step, self.config) * self.run.lr_scale
+
+    def end_event(self, status: str, error: str | None = None) -> RunEndEvent:
+        self._tick_clock()
+        return RunEndEvent(
+            run_id=self.run.run_id, step=self.run.step, status=status,
+            elapsed_s=self.run.elapsed_s, cost_usd=self.run.cost_usd,
+            samples_seen=self.run.samples_seen, tokens_seen=self.run.tokens_seen,
+            final_eval_loss=self.run.last_eval_loss,
+            final_eval_accuracy=self.run.last_eval_accuracy,
+            checkpoint_path=str(self.checkpoint_path) if self.checkpoint_path else None,
+            checkpoint_sha256=self.checkpoint_sha256, error=error,
+        )
+
+    # -- the loop ---------------------------------------------------------------------------
+    def execute(self, *, progress: bool, stop_after_steps: int | None) -> Status:
+        status: Status = "completed"
+        steps_this_call = 0
+        bar = tqdm(total=self.config.max_steps, initial=self.run.step, desc=self.run.run_id,
+                   unit="step", disable=not progress, dynamic_ncols=True)
+        with bar, fast.PreemptionSignal() as notice:
+            while self.run.step < self.config.max_steps:
+                # Step boundary: everything below is in the checkpoint, so stopping here is exact.
+                if notice.pending:
+                    self._on_preemption(notice)
+                    return "preempted"
+                if stop_after_steps is not None and steps_this_call >= stop_after_steps:
+                    self._checkpoint("stop")
+                    return "stopped"
+                last = self._step()
+                steps_this_call += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{last['train_loss']:.3f}", usd=f"{self.run.cost_usd:.4f}",
+                                refresh=False)
+                if self.run.step % self.config.fast_every_steps == 0:
+                    response = self._fast_tick(last, notice_s=None, apply=True)
+                    if response is PreemptionResponse.CHECKPOINT_NOW:
+                        self._checkpoint("fast_policy")
+                    elif response is PreemptionResponse.MIGRATE:
+                        status = "migrated"
+                if (self.run.step % self.config.eval_every_steps == 0
+                        or self.run.step == self.config.max_steps):
+                    self._evaluate()
+                if status == "migrated":
+                    self._checkpoint("migrate")
+                    return status
+                every = self.config.checkpoint_every_steps
+                if every and self.run.step % every == 0:
+                    self._checkpoint("interval")
+            if self.run.last_eval_step != self.run.step:
+                self._evaluate()
+            self._checkpoint("final")
+        return status
+
+    def _step(self) -> dict[str, Any]:
+        began = time.perf_counter()
+        learning_rate = self._learning_rate()
+        micro, accum = self.run.micro_batch_size, self.run.grad_accum_steps
+        outcome = train_step(
+            model=self.model, optimizer=self.optimizer, sampler=self.sampler,
+            examples=self.examples, step=self.run.step, learning_rate=learning_rate,
+            micro_batch_size=micro, grad_accum_steps=accum, grad_clip=self.config.grad_clip,
+            noise_scale=self.run.noise_scale,
+        )
+        self.run.step += 1
+        self.run.samples_seen += micro * accum
+        self.run.tokens_seen += micro * accum * self._tokens_per_example
+        step_time_ms = (time.perf_counter() - began) * 1000.0
+        self._tick_clock()
+        noise = self.run.noise_scale.value if accum >= 2 else math.nan
+        last = {
+            "train_loss": outcome.train_loss, "learning_rate": learning_rate,
+            "grad_norm": outcome.grad_norm, "grad_noise_scale": noise, "micro_batch_size": micro,
+            "grad_accum_steps": accum, "step_time_ms": step_time_ms,
+        }
+        self._write(StepEvent(
+            run_id=self.run.run_id, step=self.run.step, samples_seen=self.run.samples_seen,
+            tokens_seen=self.run.tokens_seen, elapsed_s=self.run.elapsed_s,
+            cost_usd=self.run.cost_usd, sampler_phase=self.sampler.phase, **last,
+        ))
+        self._last = last
+        return last
+
+    def _fast_tick(
+        self, last: dict[str, Any], *, notice_s: float | None, apply: bool
+    ) -> PreemptionResponse:
+        """Asks the fast policy, records the decision, applies it if `apply`."""
+        self._tick_clock()
+        observation = fast.build_observation(
+            step=self.run.step, elapsed_s=self.run.elapsed_s, train_loss=last["train_loss"],
+            grad_norm=last["grad_norm"], grad_noise_scale=last["grad_noise_scale"],
+            micro_batch_size=self.run.micro_batch_size,
+            grad_accum_steps=self.run.grad_accum_steps, learning_rate=last["learning_rate"],
+            step_time_ms=last["step_time_ms"], preemption_notice_s=notice_s,
+            seconds_since_checkpoint=self.run.elapsed_s - self.run.last_checkpoint_elapsed_s,
+            checkpoint_cost_s=self.run.last_checkpoint_cost_s,
+        )
+        name = str(getattr(self.policy, "name", type(self.policy).__name__))
+        action = self.policy.act(observation)
+        fast.validate_action(action, name)
+        self._write(DecisionEvent(
+            run_id=self.run.run_id, step=self.run.step, layer="fast", policy=name,
+            action=fast.action_record(action), reason=action.reason,
+            numbers=dict(action.numbers), observation=fast.observation_record(observation),
+        ))
+        if apply:
+            self.run.micro_batch_size = int(action.micro_batch_size)
+            self.run.grad_accum_steps = int(action.grad_accum_steps)
+            # The policy's rate rescales the schedule, so warmup/cosine carry on around it;
+            # an unchanged rate gives a factor of exactly 1.0 (bitwise no-op).
+            if action.learning_rate != observation.learning_rate:
+                self.run.lr_scale *= action.learning_rate / observation.learning_rate
+        return action.preemption_response
+
+    def _on_preemption(self, notice: fast.PreemptionSignal) -> None:
+        """SIGTERM: the node is being reclaimed. The policy is asked and its answer recorded,
+        but the loop checkpoints and exits whatever it says, and applies no batch change, so
+        the checkpoint equals the state an uninterrupted run has at this boundary."""
+        notice_s = notice.notice_left_s(self.config.preemption_notice_s)
+        if self._last is not None:
+            response = self._fast_tick(self._last, notice_s=notice_s, apply=False).value
+        else:
+            response = "no step yet"
+        self._write(PreemptionEvent(
+            run_id=self.run.run_id, step=self.run.step, signal_name=notice.signal_name or "",
+            notice_s=notice_s if notice_s is not None else math.nan,
+            received_wall_time_s=notice.received_wall_time_s or math.nan,
+            response=f"checkpoint_and_exit (policy said {response})",
+        ))
+        self._checkpoint("preemption")
+
+    def _evaluate(self) -> None:
+        began = time.perf_counter()
+        loss, accuracy, count = evaluate(self.model, self.examples, self._eval_batches)
+        self.run.last_eval_loss, self.run.last_eval_accuracy = loss, accuracy
+        self.run.last_eval_step = self.run.step
+        self._write(EvalEvent(
+            run_id=self.run.run_id, step=self.run.step, eval_loss=loss, eval_accuracy=accuracy,
+            eval_examples=count, eval_ms=(time.perf_counter() - began) * 1000.0,
+        ))
+
+    def _checkpoint(self, reason: str) -> None:
+        if self._checkpoint_step == self.run.step and self.checkpoint_path is not None:
+            return  # this boundary is already saved
+        began = time.perf_counter()
+        self._tick_clock()
+        # The state records the cost of the checkpoint before this one; this one's cost is
+        # known only after writing it, and is recorded in telemetry and in the next one.
+        state = build_state(
+            run=self.run, model_kind=self.model_kind, model_config=self.model_config,
+            train_config=dataclasses.asdict(self.config), examples=self.examples,
+            curriculum=self.curriculum, model=self.model, optimizer=self.optimizer,
+            sampler=self.sampler,
+        )
+        directory = self.out_dir / "checkpoints"
+        path = directory / checkpoint_name(self.run.step)
+        checksum = save_checkpoint(path, state)
+        prune_checkpoints(directory, self.config.keep_checkpoints)
+        save_s = time.perf_counter() - began
+        self._tick_clock()
+        self.run.last_checkpoint_cost_s = save_s
+        self.run.last_checkpoint_elapsed_s = self.run.elapsed_s
+        self.checkpoint_path, self.checkpoint_sha256 = path, checksum
+        self._checkpoint_step = self.run.step
+        self._write(CheckpointEvent(
+            run_id=self.run.run_id, step=self.run.step, path=str(path), sha256=checksum,
+            size_bytes=path.stat().st_size, save_ms=save_s * 1000.0, reason=reason,
+        ))
