@@ -31,8 +31,10 @@ class TrainRunConfig(dg.Config):
     """Seed of model init, sampler and RNG streams."""
     instance_type: str = ""
     """Instance type the emulated node stands for; empty = TRAINWISE_INSTANCE_TYPE."""
-    fast_policy: str = "noop"
+    fast_policy: str = "heuristic"
     """Fast policy run inside the loop (noop | heuristic)."""
+    fast_every_steps: int = 10
+    """Steps between fast-policy decisions."""
 
 
 @dg.asset(partitions_def=data_partitions, group_name="training", deps=[curriculum],
@@ -56,7 +58,8 @@ def checkpoint(
         seed=config.seed,
         instance_type=config.instance_type or settings.get("TRAINWISE_INSTANCE_TYPE"),
         fast_policy=config.fast_policy,
-        run_id=context.run_id,
+        fast_every_steps=config.fast_every_steps,
+        run_id=context.run.run_id,
         region=settings.get("TRAINWISE_REGION"),
     )
     summary = runs.run_training(

@@ -24,8 +24,14 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 def git_commit(cwd: Path = PROJECT_ROOT) -> str | None:
     """`git rev-parse HEAD`, or None when git or the repository is missing."""
     try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
-                              text=True, timeout=10, check=False)
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     commit = done.stdout.strip()
@@ -56,7 +62,7 @@ def provenance(command: list[str] | None = None) -> dict[str, Any]:
         "command": " ".join(argv),
         "commit": git_commit(),
         "machine": machine(),
-        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
 
 
@@ -91,8 +97,10 @@ def write_results(
     json_path = out_dir / f"{stem}.json"
     md_path = out_dir / f"{stem}.md"
     write_atomic(json_path, (json.dumps(document, indent=1, default=_json_default) + "\n").encode())
-    header = (f"<!-- written by `{meta.get('command')}` at commit {meta.get('commit')} on "
-              f"{meta.get('date_utc')} -->\n\n")
+    header = (
+        f"<!-- written by `{meta.get('command')}` at commit {meta.get('commit')} on "
+        f"{meta.get('date_utc')} -->\n\n"
+    )
     write_atomic(md_path, (header + markdown.rstrip() + "\n").encode())
     return json_path, md_path
 

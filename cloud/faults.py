@@ -46,7 +46,9 @@ def default_fault_path() -> Path:
     return settings.data_dir() / "cluster" / "faults" / "infinitehbd-fault-trace.json"
 
 
-def load_fault_trace(path: str | Path | None = None, cluster_nodes: int = TRACED_CLUSTER_NODES) -> FaultTrace:
+def load_fault_trace(
+    path: str | Path | None = None, cluster_nodes: int = TRACED_CLUSTER_NODES
+) -> FaultTrace:
     """Pair fault starts and ends and return the empirical inter-arrival and repair times."""
     path = Path(path) if path is not None else default_fault_path()
     try:
@@ -64,22 +66,32 @@ def load_fault_trace(path: str | Path | None = None, cluster_nodes: int = TRACED
             time_days = float(event["event_time"])
             kind = event["event_type"]
         except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"fault trace {path}: event {index} lacks node_id/event_time/"
-                             f"event_type/fault_type.Desc ({error})")
+            raise ValueError(
+                f"fault trace {path}: event {index} lacks node_id/event_time/"
+                f"event_type/fault_type.Desc ({error})"
+            )
         if kind == "fault_start":
             if key in open_faults:
-                raise ValueError(f"fault trace {path}: event {index} starts a fault already open on {key}")
+                raise ValueError(
+                    f"fault trace {path}: event {index} starts a fault already open on {key}"
+                )
             open_faults[key] = time_days
             starts.append(time_days)
         elif kind == "fault_end":
             if key not in open_faults:
-                raise ValueError(f"fault trace {path}: event {index} ends a fault never started on {key}")
+                raise ValueError(
+                    f"fault trace {path}: event {index} ends a fault never started on {key}"
+                )
             repairs.append(time_days - open_faults.pop(key))
         else:
-            raise ValueError(f"fault trace {path}: event {index} has event_type {kind!r}; "
-                             "valid: fault_start, fault_end")
+            raise ValueError(
+                f"fault trace {path}: event {index} has event_type {kind!r}; "
+                "valid: fault_start, fault_end"
+            )
     if len(starts) < 2:
-        raise ValueError(f"fault trace {path}: need at least 2 faults to measure inter-arrival times")
+        raise ValueError(
+            f"fault trace {path}: need at least 2 faults to measure inter-arrival times"
+        )
     start_days = np.sort(np.asarray(starts))
     return FaultTrace(
         cluster_interarrival_s=np.diff(start_days) * SECONDS_PER_DAY,
@@ -104,7 +116,7 @@ class FaultSampler:
         return self.rng.choice(self.trace.repair_s, size=n)
 
     def group_interarrival_s(self, n: int, nodes: int) -> np.ndarray:
-        """Gaps between faults in a group of `nodes` nodes (cluster gaps scaled by cluster/nodes)."""
+        """Gaps between faults in a group of `nodes` nodes: cluster gaps times cluster/nodes."""
         if nodes < 1:
             raise ValueError(f"nodes={nodes} must be at least 1")
         return self.cluster_interarrival_s(n) * (self.trace.cluster_nodes / nodes)
@@ -112,11 +124,18 @@ class FaultSampler:
     def fault_times_s(self, horizon_s: float, nodes: int) -> list[float]:
         """Fault instants in [0, horizon_s) for a group of `nodes` nodes held the whole time.
 
-        The first fault comes after a uniform share of one sampled gap (an approximation of the
-        forward recurrence time), so a window that starts anywhere does not begin with a fault.
+        A window starts at an arbitrary instant, so its first fault comes after the forward
+        recurrence time: a gap picked with probability proportional to its length (a window
+        rarely starts inside a short gap), times a uniform share. Then the observed gaps follow,
+        zero gaps included (faults that struck several nodes at once).
         """
+        if nodes < 1:
+            raise ValueError(f"nodes={nodes} must be at least 1")
+        gaps = self.trace.cluster_interarrival_s
+        scale = self.trace.cluster_nodes / nodes
+        covering = self.rng.choice(gaps, p=gaps / gaps.sum())
+        now = float(covering) * scale * float(self.rng.random())
         times: list[float] = []
-        now = float(self.group_interarrival_s(1, nodes)[0]) * float(self.rng.random())
         while now < horizon_s:
             times.append(now)
             now += float(self.group_interarrival_s(1, nodes)[0])

@@ -68,10 +68,10 @@ def _work_unit(tick_s: int, changeover_s: float, run_s: float) -> tuple[float, i
     if float(changeover_s).is_integer():
         q = float(math.gcd(int(tick_s), int(changeover_s)))
         if q > 0 and run_s / q <= MAX_WORK_LEVELS:
-            return q, int(round(tick_s / q)), int(round(changeover_s / q))
+            return q, round(tick_s / q), round(changeover_s / q)
     k = max(1, int(tick_s * MAX_WORK_LEVELS // max(run_s, 1.0)))
     q = tick_s / k
-    return q, k, int(math.floor(changeover_s / q + 1e-9))
+    return q, k, math.floor(changeover_s / q + 1e-9)
 
 
 def hindsight_optimum(job: JobSpec, rules: ClusterRules, market: Market) -> OracleResult:
@@ -79,7 +79,7 @@ def hindsight_optimum(job: JobSpec, rules: ClusterRules, market: Market) -> Orac
     horizon = job_horizon(job, rules, market)
     n_nodes = job.node_count
     q, tick_units, debt_units = _work_unit(market.tick_s, rules.changeover_s, horizon.run_s)
-    need_units = max(1, int(math.floor(horizon.run_s / q + 1e-9)))
+    need_units = max(1, math.floor(horizon.run_s / q + 1e-9))
     levels = need_units + debt_units  # index i holds work w = i - debt_units
 
     # Configs: (zone, s spot) for s = 1..N, then all on-demand at the cheapest zone.
@@ -88,16 +88,19 @@ def hindsight_optimum(job: JobSpec, rules: ClusterRules, market: Market) -> Orac
         for s in range(1, n_nodes + 1):
             zone_of.append(z)
             spot_of.append(s)
-            usd_per_s.append((s * market.spot_usd_per_hour[z]
-                              + (n_nodes - s) * market.on_demand_usd_per_hour[z]) / 3600.0)
+            usd_per_s.append(
+                (s * market.spot_usd_per_hour[z] + (n_nodes - s) * market.on_demand_usd_per_hour[z])
+                / 3600.0
+            )
     od_usd_per_s = n_nodes * min(market.on_demand_usd_per_hour) / 3600.0
     zone_of.append(0)
     spot_of.append(0)
     usd_per_s.append(od_usd_per_s)
     price_s = np.asarray(usd_per_s)
     tick_cost = price_s * market.tick_s
-    feasible = (market.spot_available[np.asarray(zone_of), : horizon.ticks]
-                >= np.asarray(spot_of)[:, None])
+    feasible = (
+        market.spot_available[np.asarray(zone_of), : horizon.ticks] >= np.asarray(spot_of)[:, None]
+    )
     n_configs = len(usd_per_s)
 
     index = np.arange(levels, dtype=np.float64)
@@ -133,7 +136,9 @@ def hindsight_optimum(job: JobSpec, rules: ClusterRules, market: Market) -> Orac
             start_row[: min(start_shift, levels)] = inf
             tail = max(0, levels - start_shift)
             finish_candidates.append(
-                (best[tail:][None, :] + price_s[:, None] * q * finish_units_start[tail:]).min(axis=1)
+                (best[tail:][None, :] + price_s[:, None] * q * finish_units_start[tail:]).min(
+                    axis=1
+                )
             )
         else:
             start_row[: levels + start_shift] = best[-start_shift:]
@@ -151,7 +156,10 @@ def hindsight_optimum(job: JobSpec, rules: ClusterRules, market: Market) -> Orac
     # Finish after the deadline on on-demand: one changeover plus the remaining work, the remaining
     # work counted with any unpaid changeover debt forgiven (never more than the simulator pays).
     remaining_s = np.maximum(0.0, need_units - index) * q
-    late = best + n_nodes * min(market.on_demand_usd_per_hour) * (remaining_s + rules.changeover_s) / 3600.0
+    late = (
+        best
+        + n_nodes * min(market.on_demand_usd_per_hour) * (remaining_s + rules.changeover_s) / 3600.0
+    )
     cost_any = min(done, float(late.min()))
     return OracleResult(
         cost_deadline_met_usd=done,
@@ -162,7 +170,9 @@ def hindsight_optimum(job: JobSpec, rules: ClusterRules, market: Market) -> Orac
     )
 
 
-def single_zone_optimum(job: JobSpec, rules: ClusterRules, market: Market, zone: str) -> OracleResult:
+def single_zone_optimum(
+    job: JobSpec, rules: ClusterRules, market: Market, zone: str
+) -> OracleResult:
     """The lower bound for a job that must stay in `zone` (the Can't Be Late setting)."""
     return hindsight_optimum(job, rules, market.zone_market(zone))
 

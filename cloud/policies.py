@@ -63,10 +63,16 @@ class OnDemandPolicy:
 
     def act(self, obs: AllocationObservation) -> AllocationAction:
         if obs.on_demand_nodes == obs.node_count:
-            return AllocationAction(obs.zone, 0, obs.node_count, self.checkpoint_interval_s,
-                                    "on-demand: keep")
-        return AllocationAction(obs.home_zone, 0, obs.node_count, self.checkpoint_interval_s,
-                                "on-demand: launch the fixed schedule")
+            return AllocationAction(
+                obs.zone, 0, obs.node_count, self.checkpoint_interval_s, "on-demand: keep"
+            )
+        return AllocationAction(
+            obs.home_zone,
+            0,
+            obs.node_count,
+            self.checkpoint_interval_s,
+            "on-demand: launch the fixed schedule",
+        )
 
 
 class ManagedSpotPolicy:
@@ -93,13 +99,27 @@ class ManagedSpotPolicy:
         zone = obs.home_zone
         spot_now = min(obs.spot_available(zone), obs.node_count)
         if not obs.holding:
-            return AllocationAction(zone, spot_now, obs.node_count - spot_now, None,
-                                    "managed spot: (re)launch from the last checkpoint",
-                                    {"spot_nodes": spot_now})
-        if obs.on_demand_nodes and obs.since_launch_s >= self.rebalance_s and spot_now > obs.spot_nodes:
-            return AllocationAction(zone, spot_now, obs.node_count - spot_now, None,
-                                    "managed spot: autoscaler moves on-demand nodes back to spot",
-                                    {"spot_nodes": spot_now})
+            return AllocationAction(
+                zone,
+                spot_now,
+                obs.node_count - spot_now,
+                None,
+                "managed spot: (re)launch from the last checkpoint",
+                {"spot_nodes": spot_now},
+            )
+        if (
+            obs.on_demand_nodes
+            and obs.since_launch_s >= self.rebalance_s
+            and spot_now > obs.spot_nodes
+        ):
+            return AllocationAction(
+                zone,
+                spot_now,
+                obs.node_count - spot_now,
+                None,
+                "managed spot: autoscaler moves on-demand nodes back to spot",
+                {"spot_nodes": spot_now},
+            )
         return _keep(obs, "managed spot: keep")
 
 
@@ -121,9 +141,14 @@ class GreedySpotPolicy:
         if obs.on_demand_nodes == n:
             return _keep(obs, "greedy: on-demand to the end")
         if deadline_forces_on_demand(obs):
-            return AllocationAction(_run_zone(obs), 0, n, None, "greedy: the deadline forces on-demand",
-                                    {"time_left_s": obs.time_left_s,
-                                     "on_demand_finish_s": on_demand_finish_s(obs)})
+            return AllocationAction(
+                _run_zone(obs),
+                0,
+                n,
+                None,
+                "greedy: the deadline forces on-demand",
+                {"time_left_s": obs.time_left_s, "on_demand_finish_s": on_demand_finish_s(obs)},
+            )
         if obs.spot_nodes == n:
             return _keep(obs, "greedy: keep spot")
         if obs.spot_available(obs.home_zone) >= n:
@@ -182,14 +207,19 @@ class UniformProgressPolicy:
     def act(self, obs: AllocationObservation) -> AllocationAction:
         n = obs.node_count
         finish_s = on_demand_finish_s(obs)
-        safety = (obs.time_left_s < finish_s + obs.changeover_s
-                  or deadline_forces_on_demand(obs))
+        # The paper's 2 changeovers (one is in finish_s), or greedy's one-tick test if larger.
+        safety = obs.time_left_s < finish_s + max(obs.changeover_s, spot_risk_s(obs))
         if safety:
             if obs.on_demand_nodes == n:
                 return _keep(obs, "uniform progress: safety net, on-demand to the end")
-            return AllocationAction(_run_zone(obs), 0, n, None,
-                                    "uniform progress: safety net, on-demand to the end",
-                                    {"time_left_s": obs.time_left_s, "on_demand_finish_s": finish_s})
+            return AllocationAction(
+                _run_zone(obs),
+                0,
+                n,
+                None,
+                "uniform progress: safety net, on-demand to the end",
+                {"time_left_s": obs.time_left_s, "on_demand_finish_s": finish_s},
+            )
         line_h = obs.work_total_h * obs.time_s / obs.deadline_s
         spot_here = obs.spot_available(obs.home_zone) >= n
         if obs.on_demand_nodes == n:
@@ -197,17 +227,25 @@ class UniformProgressPolicy:
             if obs.work_done_h < ahead_h:
                 return _keep(obs, "uniform progress: on-demand until ahead by two changeovers")
             if spot_here:
-                return AllocationAction(obs.home_zone, n, 0, None,
-                                        "uniform progress: ahead again, back to spot")
+                return AllocationAction(
+                    obs.home_zone, n, 0, None, "uniform progress: ahead again, back to spot"
+                )
             return AllocationAction.release("uniform progress: ahead again, no spot: wait")
         if obs.spot_nodes == n:
             return _keep(obs, "uniform progress: keep spot")
         if spot_here:
-            return AllocationAction(obs.home_zone, n, 0, None, "uniform progress: spot is available")
+            return AllocationAction(
+                obs.home_zone, n, 0, None, "uniform progress: spot is available"
+            )
         if obs.work_done_h < line_h:
-            return AllocationAction(obs.home_zone, 0, n, None,
-                                    "uniform progress: behind the line, on-demand to catch up",
-                                    {"work_done_h": obs.work_done_h, "line_h": line_h})
+            return AllocationAction(
+                obs.home_zone,
+                0,
+                n,
+                None,
+                "uniform progress: behind the line, on-demand to catch up",
+                {"work_done_h": obs.work_done_h, "line_h": line_h},
+            )
         return AllocationAction.release("uniform progress: ahead of the line, no spot: wait")
 
 

@@ -7,7 +7,7 @@ lists the valid ones (as SkyPilot's recovery-strategy registry does).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from controllers.allocation_types import AllocationPolicy
 

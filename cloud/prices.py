@@ -88,7 +88,9 @@ TRACE_SHAPE_INSTANCE: dict[str, str] = {
 
 def instance_type(name: str) -> InstanceType:
     if name not in INSTANCE_TYPES:
-        raise ValueError(f"unknown instance type {name!r}; valid: {', '.join(sorted(INSTANCE_TYPES))}")
+        raise ValueError(
+            f"unknown instance type {name!r}; valid: {', '.join(sorted(INSTANCE_TYPES))}"
+        )
     return INSTANCE_TYPES[name]
 
 
@@ -97,8 +99,10 @@ def on_demand_price(instance_type_name: str, region: str) -> float:
     instance_type(instance_type_name)
     if (instance_type_name, region) not in ON_DEMAND_USD_PER_HOUR:
         regions = sorted(r for (n, r) in ON_DEMAND_USD_PER_HOUR if n == instance_type_name)
-        raise ValueError(f"no list price for {instance_type_name} in region {region!r}; "
-                         f"valid regions: {', '.join(regions)}")
+        raise ValueError(
+            f"no list price for {instance_type_name} in region {region!r}; "
+            f"valid regions: {', '.join(regions)}"
+        )
     return ON_DEMAND_USD_PER_HOUR[(instance_type_name, region)]
 
 
@@ -133,28 +137,42 @@ def _advisor(path: str) -> dict:
     try:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"Spot Advisor feed {path} does not exist; check TRAINWISE_DATA_DIR")
+        raise FileNotFoundError(
+            f"Spot Advisor feed {path} does not exist; check TRAINWISE_DATA_DIR"
+        )
 
 
-def spot_advisor(instance_type_name: str, region: str, path: str | Path | None = None) -> AdvisorEntry:
+def spot_advisor(
+    instance_type_name: str, region: str, path: str | Path | None = None
+) -> AdvisorEntry:
     """The advisor's saving and interruption band for a type in a region (Linux)."""
     feed = _advisor(str(path if path is not None else default_advisor_path()))
     regions = feed["spot_advisor"]
     if region not in regions:
-        raise ValueError(f"the Spot Advisor has no region {region!r}; valid: {', '.join(sorted(regions))}")
+        raise ValueError(
+            f"the Spot Advisor has no region {region!r}; valid: {', '.join(sorted(regions))}"
+        )
     linux = regions[region]["Linux"]
     if instance_type_name not in linux:
-        raise ValueError(f"the Spot Advisor has no {instance_type_name!r} in {region}; "
-                         f"valid types there include: {', '.join(sorted(linux)[:20])} ...")
+        raise ValueError(
+            f"the Spot Advisor has no {instance_type_name!r} in {region}; "
+            f"valid types there include: {', '.join(sorted(linux)[:20])} ..."
+        )
     row = linux[instance_type_name]
     band = feed["ranges"][row["r"]]
-    return AdvisorEntry(instance_type_name, region, int(row["s"]), band["label"], int(band["index"]))
+    return AdvisorEntry(
+        instance_type_name, region, int(row["s"]), band["label"], int(band["index"])
+    )
 
 
-def spot_price_from_advisor(instance_type_name: str, region: str, path: str | Path | None = None) -> float:
+def spot_price_from_advisor(
+    instance_type_name: str, region: str, path: str | Path | None = None
+) -> float:
     """On-demand list price less the advisor's saving for that type and region."""
     entry = spot_advisor(instance_type_name, region, path)
-    return spot_price_from_discount(on_demand_price(instance_type_name, region), entry.saving_percent / 100.0)
+    return spot_price_from_discount(
+        on_demand_price(instance_type_name, region), entry.saving_percent / 100.0
+    )
 
 
 def interruption_band(instance_type_name: str, region: str, path: str | Path | None = None) -> str:
@@ -168,10 +186,12 @@ def instance_for_trace(folder: str, zone_file: str) -> str:
     `folder` is checked only for the known folders' naming; the shape in the file name decides.
     """
     name = Path(zone_file).name
-    stem = name[:-5] if name.endswith(".json") else name
+    stem = name.removesuffix(".json")
     parts = stem.split("_", 1)
     if len(parts) != 2 or parts[1] not in TRACE_SHAPE_INSTANCE:
-        raise ValueError(f"trace file {zone_file!r} in {folder!r} has no known node shape; valid "
-                         f"shapes: {', '.join(sorted(TRACE_SHAPE_INSTANCE))}")
+        raise ValueError(
+            f"trace file {zone_file!r} in {folder!r} has no known node shape; valid "
+            f"shapes: {', '.join(sorted(TRACE_SHAPE_INSTANCE))}"
+        )
     region_of_zone(parts[0])  # validates the zone part of the name
     return TRACE_SHAPE_INSTANCE[parts[1]]

@@ -38,7 +38,7 @@ import numpy as np
 
 from cloud.faults import FaultSampler
 from cloud.traces import SpotTrace, window_of
-from controllers.allocation_types import AllocationAction, AllocationObservation, AllocationPolicy
+from controllers.allocation_types import AllocationObservation, AllocationPolicy
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,10 @@ class JobSpec:
         if not self.deadline_s > 0:
             raise ValueError(f"deadline_s={self.deadline_s} must be positive")
         if self.node_count < 1 or self.gpus_per_node < 1:
-            raise ValueError(f"node_count={self.node_count} and gpus_per_node={self.gpus_per_node} "
-                             "must be at least 1")
+            raise ValueError(
+                f"node_count={self.node_count} and gpus_per_node={self.gpus_per_node} "
+                "must be at least 1"
+            )
 
 
 @dataclass(frozen=True)
@@ -83,8 +85,10 @@ class ClusterRules:
         if not self.checkpoint_interval_s > 0:
             raise ValueError(f"checkpoint_interval_s={self.checkpoint_interval_s} must be positive")
         if not self.step_slowdown >= 1.0:
-            raise ValueError(f"step_slowdown={self.step_slowdown} must be at least 1.0 (the slowest "
-                             "rank is never faster than the median)")
+            raise ValueError(
+                f"step_slowdown={self.step_slowdown} must be at least 1.0 (the slowest "
+                "rank is never faster than the median)"
+            )
 
 
 @dataclass(frozen=True)
@@ -109,8 +113,10 @@ class Market:
         if len(set(self.zones)) != zones:
             raise ValueError(f"zones must be distinct, got {self.zones}")
         if self.spot_available.ndim != 2 or self.spot_available.shape[0] != zones:
-            raise ValueError(f"spot_available must have shape (zones={zones}, ticks), got "
-                             f"{self.spot_available.shape}")
+            raise ValueError(
+                f"spot_available must have shape (zones={zones}, ticks), got "
+                f"{self.spot_available.shape}"
+            )
         if len(self.spot_usd_per_hour) != zones or len(self.on_demand_usd_per_hour) != zones:
             raise ValueError("one spot and one on-demand price per zone are required")
         if min(self.spot_usd_per_hour) < 0 or min(self.on_demand_usd_per_hour) <= 0:
@@ -129,15 +135,26 @@ class Market:
         if zone not in self.zones:
             raise ValueError(f"zone {zone!r} is not in this market; valid: {', '.join(self.zones)}")
         z = self.zones.index(zone)
-        return Market((zone,), self.tick_s, self.spot_available[z : z + 1],
-                      (self.spot_usd_per_hour[z],), (self.on_demand_usd_per_hour[z],),
-                      self.trace_start_s)
+        return Market(
+            (zone,),
+            self.tick_s,
+            self.spot_available[z : z + 1],
+            (self.spot_usd_per_hour[z],),
+            (self.on_demand_usd_per_hour[z],),
+            self.trace_start_s,
+        )
 
     def window(self, start_tick: int, n_ticks: int) -> Market:
         """A sub-window; errors name the valid starts."""
         values = window_of(self.spot_available, start_tick, n_ticks, what="market")
-        return Market(self.zones, self.tick_s, values, self.spot_usd_per_hour,
-                      self.on_demand_usd_per_hour, self.trace_start_s + start_tick * self.tick_s)
+        return Market(
+            self.zones,
+            self.tick_s,
+            values,
+            self.spot_usd_per_hour,
+            self.on_demand_usd_per_hour,
+            self.trace_start_s + start_tick * self.tick_s,
+        )
 
 
 def market_from_traces(
@@ -183,18 +200,21 @@ def job_horizon(job: JobSpec, rules: ClusterRules, market: Market) -> Horizon:
     """
     rate = job.node_count * job.gpus_per_node / rules.step_slowdown
     run_s = job.work_gpu_h / rate * 3600.0
-    ticks = int(math.floor(job.deadline_s / market.tick_s + 1e-9))
+    ticks = math.floor(job.deadline_s / market.tick_s + 1e-9)
     horizon_s = ticks * market.tick_s
     if horizon_s < run_s + rules.changeover_s:
         raise ValueError(
-            f"deadline_s={job.deadline_s:.0f} (rounded down to {ticks} ticks of {market.tick_s} s = "
-            f"{horizon_s} s) is shorter than the work: {run_s:.0f} s of training "
+            f"deadline_s={job.deadline_s:.0f} (rounded down to {ticks} ticks of {market.tick_s} "
+            f"s = {horizon_s} s) is shorter than the work: {run_s:.0f} s of training "
             f"({job.work_gpu_h} GPU-h at {rate:.3f} GPU-h/h) plus one changeover of "
-            f"{rules.changeover_s:.0f} s; give a deadline of at least {run_s + rules.changeover_s:.0f} s")
+            f"{rules.changeover_s:.0f} s; give a deadline of at least "
+            f"{run_s + rules.changeover_s:.0f} s"
+        )
     if ticks > market.n_ticks:
         raise ValueError(
             f"deadline of {ticks} ticks is longer than the market window ({market.n_ticks} ticks "
-            f"of {market.tick_s} s); use a shorter deadline or a longer trace window")
+            f"of {market.tick_s} s); use a shorter deadline or a longer trace window"
+        )
     return Horizon(ticks=ticks, run_s=run_s, work_rate_gpu_h_per_h=rate)
 
 
@@ -327,7 +347,13 @@ def simulate(
             preemptions += 1
             preemption_times = preemption_times + (now,)
             if record_events:
-                events.append((now, "preempted", f"{zones[zone_i]}: {avail[zone_i][t]} spot left, held {spot}"))
+                events.append(
+                    (
+                        now,
+                        "preempted",
+                        f"{zones[zone_i]}: {avail[zone_i][t]} spot left, held {spot}",
+                    )
+                )
             zone_i, spot, od, price_per_s = -1, 0, 0, 0.0
             changeover_left = save_left = 0.0
         # 2. Node faults: no notice; the gang restarts on a replacement node.
@@ -382,11 +408,14 @@ def simulate(
         if want_spot < 0 or want_od < 0 or (want_total and want_total != n_nodes):
             raise ValueError(
                 f"policy {policy.name!r} asked for {want_spot} spot + {want_od} on-demand nodes at "
-                f"t={now:.0f} s; a gang job needs 0 or exactly node_count={n_nodes} nodes")
+                f"t={now:.0f} s; a gang job needs 0 or exactly node_count={n_nodes} nodes"
+            )
         if action.checkpoint_interval_s is not None:
             if not action.checkpoint_interval_s > 0:
-                raise ValueError(f"policy {policy.name!r} asked for checkpoint_interval_s="
-                                 f"{action.checkpoint_interval_s}; it must be positive")
+                raise ValueError(
+                    f"policy {policy.name!r} asked for checkpoint_interval_s="
+                    f"{action.checkpoint_interval_s}; it must be positive"
+                )
             interval = float(action.checkpoint_interval_s)
         launch_failed = False
         if want_total == 0:
@@ -405,15 +434,25 @@ def simulate(
         else:
             want_zone = zone_index.get(action.zone, -1) if action.zone is not None else -1
             if want_zone < 0:
-                raise ValueError(f"policy {policy.name!r} asked for zone {action.zone!r}; valid: "
-                                 f"{', '.join(zones)}")
+                raise ValueError(
+                    f"policy {policy.name!r} asked for zone {action.zone!r}; valid: "
+                    f"{', '.join(zones)}"
+                )
             if not (holding and want_zone == zone_i and want_spot == spot):
                 if want_spot > avail[want_zone][t]:
                     launch_failed = True
                     launch_failures += 1
                     if record_events:
-                        events.append((now, "launch_failed", f"{zones[want_zone]}: {want_spot} spot "
-                                       f"asked, {avail[want_zone][t]} available"))
+                        events.append(
+                            (
+                                now,
+                                "launch_failed",
+                                (
+                                    f"{zones[want_zone]}: {want_spot} spot "
+                                    f"asked, {avail[want_zone][t]} available"
+                                ),
+                            )
+                        )
                 else:
                     if holding and work > committed and changeover_left == 0:
                         cost += price_per_s * save
@@ -429,8 +468,13 @@ def simulate(
                     launch_time = now
                     changeovers += 1
                     if record_events:
-                        events.append((now, "launch", f"{zones[zone_i]}: {spot} spot + {od} "
-                                       f"on-demand; {action.reason}"))
+                        events.append(
+                            (
+                                now,
+                                "launch",
+                                (f"{zones[zone_i]}: {spot} spot + {od} on-demand; {action.reason}"),
+                            )
+                        )
 
         # 5. Train and bill.
         if zone_i < 0:
@@ -438,12 +482,12 @@ def simulate(
             continue
         left = tick
         if changeover_left > 0:
-            used = changeover_left if changeover_left < left else left
+            used = min(left, changeover_left)
             changeover_left -= used
             left -= used
             changeover_node_s += used * n_nodes
         if save_left > 0 and left > 0:
-            used = save_left if save_left < left else left
+            used = min(left, save_left)
             save_left -= used
             left -= used
             checkpoint_node_s += used * n_nodes
@@ -461,7 +505,7 @@ def simulate(
             if work - committed >= interval - 1e-9:
                 committed = work
                 last_checkpoint_time = now + tick - left
-                used = save if save < left else left
+                used = min(left, save)
                 save_left = save - used
                 left -= used
                 checkpoint_node_s += used * n_nodes
@@ -479,8 +523,13 @@ def simulate(
     if finish_s is None:
         completion = completion_charge_usd(job, rules, market, run_total - work)
         if record_events:
-            events.append((horizon.ticks * tick, "deadline",
-                           f"{(run_total - work) * to_h:.2f} GPU-h left, finished on on-demand"))
+            events.append(
+                (
+                    horizon.ticks * tick,
+                    "deadline",
+                    f"{(run_total - work) * to_h:.2f} GPU-h left, finished on on-demand",
+                )
+            )
     return SimResult(
         policy=policy.name,
         cost_usd=cost + completion,

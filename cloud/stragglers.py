@@ -46,7 +46,7 @@ def load_step_inflation(folder: str | Path | None = None) -> np.ndarray:
         n_workers = len(np.unique(workers))
         order = np.argsort(iteration, kind="stable")
         iteration, batch_time = iteration[order], batch_time[order]
-        steps, first, counts = np.unique(iteration, return_index=True, return_counts=True)
+        _steps, first, counts = np.unique(iteration, return_index=True, return_counts=True)
         for start, count in zip(first[counts == n_workers], counts[counts == n_workers]):
             row = batch_time[start : start + count]
             pooled.append(row / np.median(row))

@@ -1,4 +1,4 @@
-"""Spot markets replayed from real traces (skypilot-org/spot-traces, the NSDI'24 "Can't Be Late" data).
+"""Spot markets replayed from real traces (skypilot-org/spot-traces; NSDI'24 "Can't Be Late" data).
 
 Each trace file is JSON `{"metadata": {"gap_seconds": N}, "data": [int, ...]}`: one integer per
 tick, the tick being `gap_seconds` long. What an integer means is NOT the same across the
@@ -75,7 +75,7 @@ class SpotTrace:
         return self.n_ticks * self.tick_s
 
     def window(self, start_tick: int, n_ticks: int) -> np.ndarray:
-        """Availability for ticks [start_tick, start_tick + n_ticks); errors name the valid range."""
+        """Availability for ticks [start_tick, start_tick + n_ticks); errors name valid starts."""
         return window_of(self.available, start_tick, n_ticks, what=f"trace {self.source_path}")
 
 
@@ -128,12 +128,15 @@ def load_trace(
     """
     path = Path(path)
     if not isinstance(meaning, TraceMeaning):
-        raise ValueError(f"meaning must be a TraceMeaning ({[m.value for m in TraceMeaning]}), "
-                         f"got {meaning!r}")
+        raise TypeError(
+            f"meaning must be a TraceMeaning ({[m.value for m in TraceMeaning]}), got {meaning!r}"
+        )
     match = _FILE_NAME.match(path.name)
     if match is None:
-        raise ValueError(f"trace file name {path.name!r} is not '<zone>_<gpu>_<n>.json', "
-                         "e.g. 'us-west-2a_v100_1.json'")
+        raise ValueError(
+            f"trace file name {path.name!r} is not '<zone>_<gpu>_<n>.json', "
+            "e.g. 'us-west-2a_v100_1.json'"
+        )
     folder = path.parent.name
     capacity = capacity_nodes if capacity_nodes is not None else capacity_from_folder(folder)
     if capacity < 1:
@@ -146,8 +149,10 @@ def load_trace(
         raise ValueError(f"spot trace {path} is not valid JSON: {error}")
     gap = (raw.get("metadata") or {}).get("gap_seconds") if isinstance(raw, dict) else None
     if gap is None:
-        raise ValueError(f"spot trace {path} has no metadata.gap_seconds: the tick length is "
-                         "required (seconds per value)")
+        raise ValueError(
+            f"spot trace {path} has no metadata.gap_seconds: the tick length is "
+            "required (seconds per value)"
+        )
     if not isinstance(gap, int) or isinstance(gap, bool) or gap <= 0:
         raise ValueError(f"spot trace {path}: gap_seconds={gap!r} must be a positive integer")
     data = raw.get("data")
@@ -158,12 +163,16 @@ def load_trace(
         raise ValueError(f"spot trace {path}: data must be integers, got dtype {values.dtype}")
     if values.min() < 0:
         bad = int(np.argmax(values < 0))
-        raise ValueError(f"spot trace {path}: negative value {int(values[bad])} at tick {bad}; "
-                         "values are instance counts (0 or more)")
+        raise ValueError(
+            f"spot trace {path}: negative value {int(values[bad])} at tick {bad}; "
+            "values are instance counts (0 or more)"
+        )
     if values.max() > capacity:
         bad = int(np.argmax(values > capacity))
-        raise ValueError(f"spot trace {path}: value {int(values[bad])} at tick {bad} exceeds the "
-                         f"cluster size {capacity}; pass the right capacity_nodes")
+        raise ValueError(
+            f"spot trace {path}: value {int(values[bad])} at tick {bad} exceeds the "
+            f"cluster size {capacity}; pass the right capacity_nodes"
+        )
     available = values if meaning is TraceMeaning.AVAILABLE else capacity - values
     prices = raw.get("prices")
     recorded_price = float(np.mean(prices)) if isinstance(prices, list) and prices else None
@@ -192,13 +201,17 @@ def load_folder(
     base = Path(spot_dir) if spot_dir is not None else default_spot_dir()
     if meaning is None:
         if folder not in FOLDER_MEANING:
-            raise ValueError(f"trace folder {folder!r} has no pinned meaning; pass meaning= "
-                             f"explicitly or use one of: {', '.join(sorted(FOLDER_MEANING))}")
+            raise ValueError(
+                f"trace folder {folder!r} has no pinned meaning; pass meaning= "
+                f"explicitly or use one of: {', '.join(sorted(FOLDER_MEANING))}"
+            )
         meaning = FOLDER_MEANING[folder]
     path = base / folder
     if not path.is_dir():
-        raise FileNotFoundError(f"trace folder {path} does not exist; known folders: "
-                                f"{', '.join(sorted(FOLDER_MEANING))} under {base}")
+        raise FileNotFoundError(
+            f"trace folder {path} does not exist; known folders: "
+            f"{', '.join(sorted(FOLDER_MEANING))} under {base}"
+        )
     traces = [load_trace(p, meaning) for p in sorted(path.glob("*.json"))]
     if not traces:
         raise ValueError(f"trace folder {path} holds no *.json traces")
@@ -226,8 +239,10 @@ def scaled_availability(available: np.ndarray, copies: int, offset_ticks: int) -
         raise ValueError(f"offset_ticks={offset_ticks} must be 0 or more")
     length = int(available.shape[0]) - (copies - 1) * offset_ticks
     if length <= 0:
-        raise ValueError(f"{copies} copies offset by {offset_ticks} ticks do not fit a trace of "
-                         f"{available.shape[0]} ticks; use fewer copies or a smaller offset")
+        raise ValueError(
+            f"{copies} copies offset by {offset_ticks} ticks do not fit a trace of "
+            f"{available.shape[0]} ticks; use fewer copies or a smaller offset"
+        )
     total = np.zeros(length, dtype=np.int64)
     for k in range(copies):
         total += available[k * offset_ticks : k * offset_ticks + length]

@@ -11,7 +11,9 @@ from cloud.faults import FaultSampler, default_fault_path, load_fault_trace
 from cloud.stragglers import StragglerSampler, default_straggler_dir, load_step_inflation
 
 needs_faults = pytest.mark.skipif(not default_fault_path().is_file(), reason="no fault trace")
-needs_stragglers = pytest.mark.skipif(not default_straggler_dir().is_dir(), reason="no straggler data")
+needs_stragglers = pytest.mark.skipif(
+    not default_straggler_dir().is_dir(), reason="no straggler data"
+)
 
 
 @needs_faults
@@ -51,6 +53,19 @@ def test_a_smaller_group_sees_proportionally_fewer_faults():
 
 
 @needs_faults
+def test_a_short_window_sees_the_long_run_fault_rate():
+    # A window starts at an arbitrary instant: no fault at its start just because the log has
+    # bursts of simultaneous faults (zero gaps).
+    trace = load_fault_trace()
+    horizon_s = 52 * 3600.0
+    counts = [
+        len(FaultSampler(trace, seed=s).fault_times_s(horizon_s, nodes=16)) for s in range(3000)
+    ]
+    expected = horizon_s / (trace.cluster_interarrival_s.mean() * 400 / 16)
+    assert np.mean(counts) == pytest.approx(expected, rel=0.15)
+
+
+@needs_faults
 def test_fault_sampler_is_deterministic_for_a_seed():
     trace = load_fault_trace()
     first = FaultSampler(trace, seed=7).fault_times_s(300 * 86400.0, nodes=16)
@@ -61,8 +76,18 @@ def test_fault_sampler_is_deterministic_for_a_seed():
 
 def test_bad_fault_logs_are_refused(tmp_path):
     path = tmp_path / "faults.json"
-    path.write_text(json.dumps([{"node_id": "a", "event_time": 1.0, "event_type": "fault_end",
-                                 "fault_type": {"Desc": "GPU Lost"}}]))
+    path.write_text(
+        json.dumps(
+            [
+                {
+                    "node_id": "a",
+                    "event_time": 1.0,
+                    "event_type": "fault_end",
+                    "fault_type": {"Desc": "GPU Lost"},
+                }
+            ]
+        )
+    )
     with pytest.raises(ValueError, match="ends a fault never started"):
         load_fault_trace(path)
     path.write_text("[]")

@@ -16,7 +16,9 @@ from cloud.prices import (
     spot_price_from_discount,
 )
 
-needs_advisor = pytest.mark.skipif(not default_advisor_path().is_file(), reason="no Spot Advisor feed")
+needs_advisor = pytest.mark.skipif(
+    not default_advisor_path().is_file(), reason="no Spot Advisor feed"
+)
 
 
 @pytest.mark.parametrize(
@@ -38,7 +40,9 @@ def test_list_prices(name, region, usd):
 def test_unknown_type_and_region_list_the_valid_ones():
     with pytest.raises(ValueError, match=r"unknown instance type 'p9.huge'; valid: .*p3.2xlarge"):
         on_demand_price("p9.huge", "us-west-2")
-    with pytest.raises(ValueError, match=r"in region 'mars-1'; valid regions: us-east-1, us-east-2, us-west-2"):
+    with pytest.raises(
+        ValueError, match=r"in region 'mars-1'; valid regions: us-east-1, us-east-2, us-west-2"
+    ):
         on_demand_price("p3.2xlarge", "mars-1")
 
 
@@ -49,7 +53,9 @@ def test_gpus_per_type():
 
 def test_spot_price_from_a_stated_discount_reproduces_the_papers_price():
     # Can't Be Late: 0.9731 USD/h against 3.06 USD/h is a 68.2% discount.
-    assert spot_price_from_discount(3.06, 0.682) == pytest.approx(CANT_BE_LATE_SPOT_USD_PER_HOUR, abs=1e-3)
+    assert spot_price_from_discount(3.06, 0.682) == pytest.approx(
+        CANT_BE_LATE_SPOT_USD_PER_HOUR, abs=1e-3
+    )
     with pytest.raises(ValueError, match="discount=1.2 must be in"):
         spot_price_from_discount(3.06, 1.2)
 

@@ -11,7 +11,9 @@ from cloud.simulator import ClusterRules, JobSpec, Market, job_horizon, simulate
 from controllers.allocation_types import AllocationAction
 
 # 100 s ticks; spot 1.8 USD/h = 0.0005 USD/s, on-demand 3.6 USD/h = 0.001 USD/s per node.
-RULES = ClusterRules(changeover_s=150, checkpoint_save_s=10, checkpoint_interval_s=1000, notice_s=120)
+RULES = ClusterRules(
+    changeover_s=150, checkpoint_save_s=10, checkpoint_interval_s=1000, notice_s=120
+)
 JOB = JobSpec(work_gpu_h=0.25, deadline_s=3000)  # 900 s of training on one 1-GPU node
 
 
@@ -30,7 +32,7 @@ class Script:
         self.actions = actions
 
     def act(self, obs):
-        return self.actions[min(int(round(obs.time_s / obs.tick_s)), len(self.actions) - 1)]
+        return self.actions[min(round(obs.time_s / obs.tick_s), len(self.actions) - 1)]
 
 
 def spot(zone="us-west-2a", n=1):
@@ -71,7 +73,11 @@ def test_preemption_with_a_notice_save_loses_nothing_but_the_save():
     # Spot from t=0 (training from 150 s): 250 s done by 400 s, minus the 10 s notice save.
     # Relaunch at 600 s, training from 750 s: 660 s more, done at 1410 s.
     assert [(t, kind) for t, kind, _ in result.events] == [
-        (0, "launch"), (400, "preempted"), (600, "launch"), (1410, "finish")]
+        (0, "launch"),
+        (400, "preempted"),
+        (600, "launch"),
+        (1410, "finish"),
+    ]
     assert result.cost_usd == pytest.approx((400 + 810) * 0.0005)
     assert result.lost_node_s == 0
     assert result.checkpoint_node_s == pytest.approx(10)
@@ -80,7 +86,9 @@ def test_preemption_with_a_notice_save_loses_nothing_but_the_save():
 
 
 def test_preemption_without_time_to_save_loses_the_unsaved_work():
-    rules = ClusterRules(changeover_s=150, checkpoint_save_s=200, checkpoint_interval_s=1000, notice_s=120)
+    rules = ClusterRules(
+        changeover_s=150, checkpoint_save_s=200, checkpoint_interval_s=1000, notice_s=120
+    )
     avail = [1, 1, 1, 1, 0, 0] + [1] * 24
     result = simulate(GreedySpotPolicy(), JOB, rules, market(avail), record_events=True)
     assert result.lost_node_s == pytest.approx(250)
@@ -89,8 +97,9 @@ def test_preemption_without_time_to_save_loses_the_unsaved_work():
 
 
 def test_a_launch_that_finds_no_spot_keeps_the_current_nodes():
-    result = simulate(Script([on_demand(), on_demand(), spot()]), JOB, RULES, market([0] * 30),
-                      record_events=True)
+    result = simulate(
+        Script([on_demand(), on_demand(), spot()]), JOB, RULES, market([0] * 30), record_events=True
+    )
     kinds = [kind for _, kind, _ in result.events]
     assert kinds[:2] == ["launch", "launch_failed"]
     # Spot asked from tick 2 to the finish in tick 10: nine failed launches, no changeover.
@@ -127,18 +136,29 @@ def test_the_deadline_missed_is_finished_on_demand_and_charged():
 
 
 def test_stragglers_stretch_the_training():
-    rules = ClusterRules(changeover_s=150, checkpoint_save_s=10, checkpoint_interval_s=1e9, step_slowdown=1.5)
+    rules = ClusterRules(
+        changeover_s=150, checkpoint_save_s=10, checkpoint_interval_s=1e9, step_slowdown=1.5
+    )
     result = simulate(OnDemandPolicy(checkpoint_interval_s=1e9), JOB, rules, market([0] * 30))
     assert result.finish_s == pytest.approx(150 + 1350)
     assert result.utilization == pytest.approx(0.25 / (1500 / 3600))
 
 
 def test_faults_are_deterministic_for_a_seed_and_cost_work():
-    trace = FaultTrace(cluster_interarrival_s=np.array([400.0, 900.0]), repair_s=np.array([60.0]),
-                       cluster_nodes=1, span_s=1300.0, source_path="synthetic")
+    trace = FaultTrace(
+        cluster_interarrival_s=np.array([400.0, 900.0]),
+        repair_s=np.array([60.0]),
+        cluster_nodes=1,
+        span_s=1300.0,
+        source_path="synthetic",
+    )
     job = JobSpec(work_gpu_h=0.5, deadline_s=6000)
-    one = simulate(OnDemandPolicy(), job, RULES, market([0] * 60), fault_sampler=FaultSampler(trace, 5))
-    two = simulate(OnDemandPolicy(), job, RULES, market([0] * 60), fault_sampler=FaultSampler(trace, 5))
+    one = simulate(
+        OnDemandPolicy(), job, RULES, market([0] * 60), fault_sampler=FaultSampler(trace, 5)
+    )
+    two = simulate(
+        OnDemandPolicy(), job, RULES, market([0] * 60), fault_sampler=FaultSampler(trace, 5)
+    )
     clean = simulate(OnDemandPolicy(), job, RULES, market([0] * 60))
     assert one == two
     assert one.faults > 0 and one.lost_node_s > 0
@@ -177,7 +197,11 @@ def test_observation_tells_the_policy_what_happened():
     first, after = seen[0], seen[3]
     assert first.zones == ("us-west-2a", "us-west-2b") and first.spot_available_by_zone == (1, 0)
     assert first.zone is None and first.last_zone is None and first.deadline_s == 3000
-    assert after.preemption_times_s == (300.0,) and after.zone is None and after.last_zone == "us-west-2a"
+    assert (
+        after.preemption_times_s == (300.0,)
+        and after.zone is None
+        and after.last_zone == "us-west-2a"
+    )
     assert after.launch_failed is False and seen[4].launch_failed is True
     assert seen[2].in_changeover is False and seen[1].in_changeover is True
     assert seen[2].work_done_h == pytest.approx(50 / 3600)

@@ -16,7 +16,8 @@ from telemetry.reader import read_run_events
 def find_run_telemetry(run: str, runs_root: Path) -> Path:
     """The telemetry folder of a run id (or a unique prefix of one) under the state folder."""
     if not runs_root.is_dir():
-        raise FileNotFoundError(f"no runs under {runs_root}: run `make demo` first")
+        raise FileNotFoundError(
+            f"no run {run!r}: there are no runs under {runs_root} yet (run `make demo` first)")
     matches = sorted(p for p in runs_root.iterdir() if p.is_dir() and p.name.startswith(run))
     if not matches:
         known = ", ".join(sorted(p.name[:8] for p in runs_root.iterdir())) or "none"

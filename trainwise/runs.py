@@ -30,6 +30,7 @@ class TrainRequest:
     instance_type: str
     fast_policy: str
     run_id: str
+    fast_every_steps: int = 10
     region: str = "us-west-2"
 
 
@@ -185,6 +186,7 @@ def run_training(
         grad_accum_steps=request.grad_accum_steps,
         learning_rate=request.learning_rate,
         eval_every_steps=request.eval_every_steps,
+        fast_every_steps=request.fast_every_steps,
         seed=request.seed,
         price_usd_per_hour=price,
         instance_type=request.instance_type,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Iterable
 
 from benchmarks.cost import report
 from benchmarks.cost.suite import (
@@ -50,15 +50,26 @@ Advisor saving of their region."""
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cost", description=__doc__)
-    parser.add_argument("--quick", action="store_true",
-                        help="a small version (1 window, 2 zones per folder, 2 deadlines) for tests")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small version (1 window, 2 zones per folder, 2 deadlines) for tests",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder")
-    parser.add_argument("--windows", type=int, default=None,
-                        help="start windows per zone (default 8; quick 1)")
-    parser.add_argument("--sweep-windows", type=int, default=None,
-                        help="start windows per zone for the slack sweep (default 4; quick 1)")
-    parser.add_argument("--policies", default=None,
-                        help=f"comma-separated policy names (default all: {', '.join(policy_names())})")
+    parser.add_argument(
+        "--windows", type=int, default=None, help="start windows per zone (default 8; quick 1)"
+    )
+    parser.add_argument(
+        "--sweep-windows",
+        type=int,
+        default=None,
+        help="start windows per zone for the slack sweep (default 4; quick 1)",
+    )
+    parser.add_argument(
+        "--policies",
+        default=None,
+        help=f"comma-separated policy names (default all: {', '.join(policy_names())})",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
 
@@ -94,17 +105,27 @@ def main(argv: list[str] | None = None) -> int:
     sweep_outcomes = []
     rules = rules_for(SINGLE_NODE)
     for deadline_h in sweep_deadlines:
-        scenarios = build_scenarios(SINGLE_NODE, rules, sweep_windows, kinds=("single_zone",),
-                                    deadline_h=deadline_h, max_zones=max_zones,
-                                    folders=(SWEEP_FOLDER,))
-        sweep_outcomes += run_scenarios(scenarios, policies, _progress(show, f"sweep {deadline_h:g} h"))
-    full_trace_s = time_full_trace(policies)
+        scenarios = build_scenarios(
+            SINGLE_NODE,
+            rules,
+            sweep_windows,
+            kinds=("single_zone",),
+            deadline_h=deadline_h,
+            max_zones=max_zones,
+            folders=(SWEEP_FOLDER,),
+        )
+        sweep_outcomes += run_scenarios(
+            scenarios, policies, _progress(show, f"sweep {deadline_h:g} h")
+        )
+    full_trace_s = time_full_trace(policies, repeats=1 if args.quick else 3)
 
     summary = report.summarize(outcomes, policies)
     violations = oracle_violations(outcomes) + oracle_violations(sweep_outcomes)
     payload = {
         "notes": NOTES,
-        "settings": [{**asdict(s), "rules": asdict(rules_for(s))} for s in (SINGLE_NODE, MULTI_NODE)],
+        "settings": [
+            {**asdict(s), "rules": asdict(rules_for(s))} for s in (SINGLE_NODE, MULTI_NODE)
+        ],
         "policies": list(policies),
         "windows_per_zone": windows,
         "quick": args.quick,
@@ -120,12 +141,20 @@ def main(argv: list[str] | None = None) -> int:
     report.plot_cost_vs_slack(payload["sweep"], args.out / "cost_vs_slack.png")
     payload["timing"]["suite_wall_s"] = time.perf_counter() - started
     markdown = report.render_markdown(payload, policies)
-    json_path, md_path = write_results(args.out, "cost", payload, markdown,
-                                       provenance(["python", "-m", "benchmarks.cost",
-                                                   *(argv if argv is not None else sys.argv[1:])]))
+    json_path, md_path = write_results(
+        args.out,
+        "cost",
+        payload,
+        markdown,
+        provenance(
+            ["python", "-m", "benchmarks.cost", *(argv if argv is not None else sys.argv[1:])]
+        ),
+    )
     print(markdown)
-    print(f"wrote {md_path}, {json_path} and {args.out / 'cost_vs_slack.png'} "
-          f"in {payload['timing']['suite_wall_s']:.1f} s")
+    print(
+        f"wrote {md_path}, {json_path} and {args.out / 'cost_vs_slack.png'} "
+        f"in {payload['timing']['suite_wall_s']:.1f} s"
+    )
     return 1 if violations else 0
 
 

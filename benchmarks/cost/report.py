@@ -25,7 +25,9 @@ def summarize(outcomes: list[ScenarioOutcome], policies: tuple[str, ...]) -> lis
     rows: list[dict[str, Any]] = []
     keys = sorted({(o.scenario.setting.name, o.scenario.kind) for o in outcomes})
     for setting, kind in keys:
-        group = [o for o in outcomes if (o.scenario.setting.name, o.scenario.kind) == (setting, kind)]
+        group = [
+            o for o in outcomes if (o.scenario.setting.name, o.scenario.kind) == (setting, kind)
+        ]
         oracle = np.array([o.oracle_met_usd for o in group])
         rows.append(_row(setting, kind, ORACLE, oracle, oracle, None))
         for name in policies:
@@ -34,8 +36,14 @@ def summarize(outcomes: list[ScenarioOutcome], policies: tuple[str, ...]) -> lis
     return rows
 
 
-def _row(setting: str, kind: str, name: str, costs: np.ndarray, oracle: np.ndarray,
-         results: list[dict[str, Any]] | None) -> dict[str, Any]:
+def _row(
+    setting: str,
+    kind: str,
+    name: str,
+    costs: np.ndarray,
+    oracle: np.ndarray,
+    results: list[dict[str, Any]] | None,
+) -> dict[str, Any]:
     def mean_of(key: str) -> float | None:
         return None if results is None else float(np.mean([r[key] for r in results]))
 
@@ -60,33 +68,63 @@ def by_folder(outcomes: list[ScenarioOutcome], policies: tuple[str, ...]) -> lis
     rows = []
     keys = sorted({(o.scenario.setting.name, o.scenario.kind, o.scenario.folder) for o in outcomes})
     for setting, kind, folder in keys:
-        group = [o for o in outcomes
-                 if (o.scenario.setting.name, o.scenario.kind, o.scenario.folder) == (setting, kind, folder)]
+        group = [
+            o
+            for o in outcomes
+            if (o.scenario.setting.name, o.scenario.kind, o.scenario.folder)
+            == (setting, kind, folder)
+        ]
         oracle = np.array([o.oracle_met_usd for o in group])
         for name in policies:
             costs = np.array([o.results[name]["cost_usd"] for o in group])
             met = np.mean([o.results[name]["deadline_met"] for o in group])
-            rows.append({"setting": setting, "kind": kind, "folder": folder, "policy": name,
-                         "scenarios": len(group), "mean_usd": float(costs.mean()),
-                         "oracle_mean_usd": float(oracle.mean()),
-                         "vs_oracle_mean": float(np.mean(costs / oracle)), "deadlines_met": float(met)})
+            rows.append(
+                {
+                    "setting": setting,
+                    "kind": kind,
+                    "folder": folder,
+                    "policy": name,
+                    "scenarios": len(group),
+                    "mean_usd": float(costs.mean()),
+                    "oracle_mean_usd": float(oracle.mean()),
+                    "vs_oracle_mean": float(np.mean(costs / oracle)),
+                    "deadlines_met": float(met),
+                }
+            )
     return rows
 
 
-def sweep_points(outcomes: list[ScenarioOutcome], policies: tuple[str, ...], train_h: float) -> list[dict]:
+def sweep_points(
+    outcomes: list[ScenarioOutcome], policies: tuple[str, ...], train_h: float
+) -> list[dict]:
     """Mean cost per policy (and oracle) per deadline: the cost-vs-slack curve."""
     points = []
     for deadline_h in sorted({o.scenario.deadline_h for o in outcomes}):
         group = [o for o in outcomes if o.scenario.deadline_h == deadline_h]
         slack = (deadline_h - train_h) / train_h
-        points.append({"deadline_h": deadline_h, "slack": slack, "policy": ORACLE,
-                       "mean_usd": float(np.mean([o.oracle_met_usd for o in group])),
-                       "deadlines_met": 1.0, "scenarios": len(group)})
+        points.append(
+            {
+                "deadline_h": deadline_h,
+                "slack": slack,
+                "policy": ORACLE,
+                "mean_usd": float(np.mean([o.oracle_met_usd for o in group])),
+                "deadlines_met": 1.0,
+                "scenarios": len(group),
+            }
+        )
         for name in policies:
-            points.append({"deadline_h": deadline_h, "slack": slack, "policy": name,
-                           "mean_usd": float(np.mean([o.results[name]["cost_usd"] for o in group])),
-                           "deadlines_met": float(np.mean([o.results[name]["deadline_met"] for o in group])),
-                           "scenarios": len(group)})
+            points.append(
+                {
+                    "deadline_h": deadline_h,
+                    "slack": slack,
+                    "policy": name,
+                    "mean_usd": float(np.mean([o.results[name]["cost_usd"] for o in group])),
+                    "deadlines_met": float(
+                        np.mean([o.results[name]["deadline_met"] for o in group])
+                    ),
+                    "scenarios": len(group),
+                }
+            )
     return points
 
 
@@ -101,12 +139,17 @@ def up_vs_greedy(summary: list[dict[str, Any]]) -> list[str]:
         both_met = up["deadlines_met"] == 1.0 and greedy["deadlines_met"] == 1.0
         saving = 1.0 - up["mean_usd"] / greedy["mean_usd"]
         verdict = "beats" if saving > 0 else "does not beat"
-        met_note = ("both meet 100% of deadlines" if both_met else
-                    f"deadlines met: uniform_progress {up['deadlines_met']:.1%}, "
-                    f"greedy_spot {greedy['deadlines_met']:.1%}")
-        lines.append(f"- {setting} / {kind}: uniform_progress {verdict} greedy_spot "
-                     f"({up['mean_usd']:.2f} vs {greedy['mean_usd']:.2f} USD mean, "
-                     f"{saving:+.1%}); {met_note}.")
+        met_note = (
+            "both meet 100% of deadlines"
+            if both_met
+            else f"deadlines met: uniform_progress {up['deadlines_met']:.1%}, "
+            f"greedy_spot {greedy['deadlines_met']:.1%}"
+        )
+        lines.append(
+            f"- {setting} / {kind}: uniform_progress {verdict} greedy_spot "
+            f"({up['mean_usd']:.2f} vs {greedy['mean_usd']:.2f} USD mean, "
+            f"{saving:+.1%}); {met_note}."
+        )
     return lines
 
 
@@ -116,8 +159,10 @@ def _pct(value: float | None) -> str:
 
 def summary_table(summary: list[dict[str, Any]], setting: str, kind: str) -> str:
     lines = [
-        "| policy | mean USD | median USD | p90 USD | vs oracle | deadlines met | spot share | "
-        "waste share | utilization |",
+        (
+            "| policy | mean USD | median USD | p90 USD | vs oracle | deadlines met | spot share | "
+            "waste share | utilization |"
+        ),
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in summary:
@@ -126,19 +171,32 @@ def summary_table(summary: list[dict[str, Any]], setting: str, kind: str) -> str
         lines.append(
             f"| {r['policy']} | {r['mean_usd']:.2f} | {r['median_usd']:.2f} | {r['p90_usd']:.2f} | "
             f"{r['vs_oracle_mean']:.3f} | {_pct(r['deadlines_met'])} | {_pct(r['spot_share'])} | "
-            f"{_pct(r['waste_share'])} | {_pct(r['utilization'])} |")
+            f"{_pct(r['waste_share'])} | {_pct(r['utilization'])} |"
+        )
     return "\n".join(lines)
 
 
-def folder_table(rows: list[dict[str, Any]], setting: str, kind: str, policies: tuple[str, ...]) -> str:
+def folder_table(
+    rows: list[dict[str, Any]], setting: str, kind: str, policies: tuple[str, ...]
+) -> str:
     folders = sorted({r["folder"] for r in rows if (r["setting"], r["kind"]) == (setting, kind)})
     header = "| folder | scenarios | oracle USD | " + " | ".join(policies) + " |"
     lines = [header, "|---|---:|---:|" + "---:|" * len(policies)]
     for folder in folders:
-        cells = {r["policy"]: r for r in rows if (r["setting"], r["kind"], r["folder"]) == (setting, kind, folder)}
+        cells = {
+            r["policy"]: r
+            for r in rows
+            if (r["setting"], r["kind"], r["folder"]) == (setting, kind, folder)
+        }
         first = next(iter(cells.values()))
-        lines.append(f"| {folder} | {first['scenarios']} | {first['oracle_mean_usd']:.2f} | " + " | ".join(
-            f"{cells[p]['vs_oracle_mean']:.3f} ({cells[p]['deadlines_met']:.0%})" for p in policies) + " |")
+        lines.append(
+            f"| {folder} | {first['scenarios']} | {first['oracle_mean_usd']:.2f} | "
+            + " | ".join(
+                f"{cells[p]['vs_oracle_mean']:.3f} ({cells[p]['deadlines_met']:.0%})"
+                for p in policies
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -150,29 +208,56 @@ def render_markdown(payload: dict[str, Any], policies: tuple[str, ...]) -> str:
         for kind in ("single_zone", "multi_zone"):
             if not any((r["setting"], r["kind"]) == (setting["name"], kind) for r in summary):
                 continue
-            parts += ["", f"## {setting['title']} - {kind.replace('_', '-')}", "",
-                      summary_table(summary, setting["name"], kind), "",
-                      "Per folder: mean cost relative to the oracle (deadlines met):", "",
-                      folder_table(payload["by_folder"], setting["name"], kind, policies)]
+            parts += [
+                "",
+                f"## {setting['title']} - {kind.replace('_', '-')}",
+                "",
+                summary_table(summary, setting["name"], kind),
+                "",
+                "Per folder: mean cost relative to the oracle (deadlines met):",
+                "",
+                folder_table(payload["by_folder"], setting["name"], kind, policies),
+            ]
     parts += ["", "## Does uniform_progress beat greedy_spot at 100% deadlines met?", ""]
     parts += payload["up_vs_greedy"]
-    parts += ["", "## Cost vs deadline slack", "",
-              f"Single-node job, single-zone, folder {payload['sweep_folder']} "
-              "(plot: `cost_vs_slack.png`).", "",
-              "| deadline h | slack | " + " | ".join([ORACLE, *policies]) + " |",
-              "|---:|---:|" + "---:|" * (len(policies) + 1)]
+    parts += [
+        "",
+        "## Cost vs deadline slack",
+        "",
+        (
+            f"Single-node job, single-zone, folder {payload['sweep_folder']} "
+            "(plot: `cost_vs_slack.png`)."
+        ),
+        "",
+        "| deadline h | slack | " + " | ".join([ORACLE, *policies]) + " |",
+        "|---:|---:|" + "---:|" * (len(policies) + 1),
+    ]
     for deadline_h in sorted({p["deadline_h"] for p in payload["sweep"]}):
         cells = {p["policy"]: p for p in payload["sweep"] if p["deadline_h"] == deadline_h}
         slack = next(iter(cells.values()))["slack"]
-        parts.append(f"| {deadline_h:g} | {slack:.1%} | " + " | ".join(
-            f"{cells[n]['mean_usd']:.2f}" + ("" if cells[n]["deadlines_met"] == 1.0
-                                             else f" ({cells[n]['deadlines_met']:.0%} met)")
-            for n in [ORACLE, *policies]) + " |")
+        parts.append(
+            f"| {deadline_h:g} | {slack:.1%} | "
+            + " | ".join(
+                f"{cells[n]['mean_usd']:.2f}"
+                + (
+                    ""
+                    if cells[n]["deadlines_met"] == 1.0
+                    else f" ({cells[n]['deadlines_met']:.0%} met)"
+                )
+                for n in [ORACLE, *policies]
+            )
+            + " |"
+        )
     timing = payload["timing"]
-    parts += ["", "## Timing", "",
-              f"Suite wall time: {timing['suite_wall_s']:.1f} s. Replaying the whole 45-day trace "
-              "(20,158 ticks, one zone) for one policy, best of 3: " + ", ".join(
-                  f"{k} {v * 1000:.0f} ms" for k, v in timing["full_trace_s"].items()) + "."]
+    parts += [
+        "",
+        "## Timing",
+        "",
+        f"Suite wall time: {timing['suite_wall_s']:.1f} s. Replaying the whole 45-day trace "
+        "(20,158 ticks, one zone) for one policy: "
+        + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in timing["full_trace_s"].items())
+        + ".",
+    ]
     violations = payload["oracle_violations"]
     parts += ["", f"Oracle violations (a policy cheaper than its bound): {len(violations)}."]
     return "\n".join(parts) + "\n"
@@ -188,8 +273,14 @@ def plot_cost_vs_slack(points: list[dict[str, Any]], path: Path) -> None:
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for name in dict.fromkeys(p["policy"] for p in points):
         mine = sorted((p for p in points if p["policy"] == name), key=lambda p: p["slack"])
-        style = {"color": "black", "linestyle": "--", "linewidth": 2} if name == ORACLE else {"marker": "o"}
-        axes.plot([100 * p["slack"] for p in mine], [p["mean_usd"] for p in mine], label=name, **style)
+        style = (
+            {"color": "black", "linestyle": "--", "linewidth": 2}
+            if name == ORACLE
+            else {"marker": "o"}
+        )
+        axes.plot(
+            [100 * p["slack"] for p in mine], [p["mean_usd"] for p in mine], label=name, **style
+        )
     axes.set_xlabel("deadline slack (% of the training time)")
     axes.set_ylabel("mean cost per job (USD)")
     axes.set_title("Single-node job, single-zone windows: cost vs slack")
@@ -211,16 +302,19 @@ def plot_cost_vs_slack(points: list[dict[str, Any]], path: Path) -> None:
 
 
 def scenario_records(outcomes: list[ScenarioOutcome]) -> list[dict[str, Any]]:
-    return [{
-        "setting": o.scenario.setting.name,
-        "kind": o.scenario.kind,
-        "folder": o.scenario.folder,
-        "instance_type": o.scenario.instance_type,
-        "zones": list(o.scenario.market.zones),
-        "home_zone": o.scenario.home_zone,
-        "start_tick": o.scenario.start_tick,
-        "deadline_h": o.scenario.deadline_h,
-        "oracle_met_usd": _finite(o.oracle_met_usd),
-        "oracle_any_usd": _finite(o.oracle_any_usd),
-        "results": o.results,
-    } for o in outcomes]
+    return [
+        {
+            "setting": o.scenario.setting.name,
+            "kind": o.scenario.kind,
+            "folder": o.scenario.folder,
+            "instance_type": o.scenario.instance_type,
+            "zones": list(o.scenario.market.zones),
+            "home_zone": o.scenario.home_zone,
+            "start_tick": o.scenario.start_tick,
+            "deadline_h": o.scenario.deadline_h,
+            "oracle_met_usd": _finite(o.oracle_met_usd),
+            "oracle_any_usd": _finite(o.oracle_any_usd),
+            "results": o.results,
+        }
+        for o in outcomes
+    ]

@@ -26,8 +26,9 @@ from __future__ import annotations
 import math
 import time
 import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -149,9 +150,12 @@ def zone_groups(setting: Setting, max_zones: int | None = None) -> list[ZoneGrou
             availability = None
             if setting.copies > 1:
                 offset = setting.copy_offset_s // traces[0].tick_s
-                availability = [scaled_availability(t.available, setting.copies, offset) for t in traces]
-            market = market_from_traces(traces, tuple(p[0] for p in prices),
-                                        tuple(p[1] for p in prices), availability)
+                availability = [
+                    scaled_availability(t.available, setting.copies, offset) for t in traces
+                ]
+            market = market_from_traces(
+                traces, tuple(p[0] for p in prices), tuple(p[1] for p in prices), availability
+            )
             groups.append(ZoneGroup(folder, instance, instance_type(instance).gpus, market))
     return groups
 
@@ -160,10 +164,12 @@ def window_starts(n_ticks: int, window_ticks: int, count: int) -> list[int]:
     """`count` evenly spaced start ticks of windows that fit the trace."""
     last = n_ticks - window_ticks
     if last < 0:
-        raise ValueError(f"a window of {window_ticks} ticks does not fit a trace of {n_ticks} ticks")
+        raise ValueError(
+            f"a window of {window_ticks} ticks does not fit a trace of {n_ticks} ticks"
+        )
     if count <= 1 or last == 0:
         return [0]
-    return sorted({int(round(x)) for x in np.linspace(0, last, count)})
+    return sorted({round(x) for x in np.linspace(0, last, count)})
 
 
 def _seed(*parts: object) -> int:
@@ -185,27 +191,70 @@ def build_scenarios(
     scenarios: list[Scenario] = []
     for group in zone_groups(setting, max_zones):
         job = setting.job(group.gpus_per_node, deadline_h)
-        window_ticks = int(math.floor(job.deadline_s / group.market.tick_s + 1e-9))
+        window_ticks = math.floor(job.deadline_s / group.market.tick_s + 1e-9)
         starts = window_starts(group.market.n_ticks, window_ticks, windows_per_zone)
         for start in starts:
             window = group.market.window(start, window_ticks)
             for zone in window.zones:
-                base = dict(setting=setting, folder=group.folder, instance_type=group.instance_type,
-                            home_zone=zone, start_tick=start, job=job, rules=rules,
-                            deadline_h=deadline_h)
+                base = {
+                    "setting": setting,
+                    "folder": group.folder,
+                    "instance_type": group.instance_type,
+                    "home_zone": zone,
+                    "start_tick": start,
+                    "job": job,
+                    "rules": rules,
+                    "deadline_h": deadline_h,
+                }
                 if "single_zone" in kinds:
-                    scenarios.append(Scenario(
-                        kind="single_zone", market=window.zone_market(zone),
-                        oracle_key=(setting.name, deadline_h, group.folder, group.instance_type, zone, start),
-                        seed=_seed(setting.name, deadline_h, group.folder, group.instance_type, zone, start), **base))
+                    scenarios.append(
+                        Scenario(
+                            kind="single_zone",
+                            market=window.zone_market(zone),
+                            oracle_key=(
+                                setting.name,
+                                deadline_h,
+                                group.folder,
+                                group.instance_type,
+                                zone,
+                                start,
+                            ),
+                            seed=_seed(
+                                setting.name,
+                                deadline_h,
+                                group.folder,
+                                group.instance_type,
+                                zone,
+                                start,
+                            ),
+                            **base,
+                        )
+                    )
                 if "multi_zone" in kinds and len(window.zones) > 1:
-                    scenarios.append(Scenario(
-                        kind="multi_zone", market=window,
-                        oracle_key=(setting.name, deadline_h, group.folder, group.instance_type, window.zones,
-                                    start),
-                        seed=_seed(setting.name, deadline_h, group.folder, group.instance_type, zone, start,
-                                   "multi"),
-                        **base))
+                    scenarios.append(
+                        Scenario(
+                            kind="multi_zone",
+                            market=window,
+                            oracle_key=(
+                                setting.name,
+                                deadline_h,
+                                group.folder,
+                                group.instance_type,
+                                window.zones,
+                                start,
+                            ),
+                            seed=_seed(
+                                setting.name,
+                                deadline_h,
+                                group.folder,
+                                group.instance_type,
+                                zone,
+                                start,
+                                "multi",
+                            ),
+                            **base,
+                        )
+                    )
     return scenarios
 
 
@@ -267,8 +316,14 @@ def run_scenarios(
             if scenario.setting.faults:
                 fault_trace = fault_trace or load_fault_trace()
                 sampler = FaultSampler(fault_trace, seed=scenario.seed)
-            result = simulate(make_policy(name), scenario.job, scenario.rules, scenario.market,
-                              home_zone=scenario.home_zone, fault_sampler=sampler)
+            result = simulate(
+                make_policy(name),
+                scenario.job,
+                scenario.rules,
+                scenario.market,
+                home_zone=scenario.home_zone,
+                fault_sampler=sampler,
+            )
             outcome.results[name] = _result_row(result)
         outcomes.append(outcome)
     return outcomes
@@ -282,10 +337,17 @@ def oracle_violations(outcomes: list[ScenarioOutcome], tolerance_usd: float = 1e
         for name, row in outcome.results.items():
             bound = outcome.oracle_met_usd if row["deadline_met"] else outcome.oracle_any_usd
             if row["cost_usd"] < bound - tolerance_usd:
-                found.append({"policy": name, "kind": outcome.scenario.kind,
-                              "folder": outcome.scenario.folder, "zone": outcome.scenario.home_zone,
-                              "start_tick": outcome.scenario.start_tick, "cost_usd": row["cost_usd"],
-                              "bound_usd": bound})
+                found.append(
+                    {
+                        "policy": name,
+                        "kind": outcome.scenario.kind,
+                        "folder": outcome.scenario.folder,
+                        "zone": outcome.scenario.home_zone,
+                        "start_tick": outcome.scenario.start_tick,
+                        "cost_usd": row["cost_usd"],
+                        "bound_usd": bound,
+                    }
+                )
     return found
 
 
@@ -293,8 +355,9 @@ def time_full_trace(policies: tuple[str, ...], repeats: int = 3) -> dict[str, fl
     """Best-of-`repeats` seconds to replay the whole 45-day 2023-02 trace (20,158 ticks) in one
     zone for one policy: a 900 GPU-h job with the trace's full length as its deadline."""
     trace = next(t for t in load_folder("availability-1node-aws-2023-02") if t.zone == "us-west-2a")
-    market = market_from_traces([trace], (CANT_BE_LATE_SPOT_USD_PER_HOUR,),
-                                (CANT_BE_LATE_ON_DEMAND_USD_PER_HOUR,))
+    market = market_from_traces(
+        [trace], (CANT_BE_LATE_SPOT_USD_PER_HOUR,), (CANT_BE_LATE_ON_DEMAND_USD_PER_HOUR,)
+    )
     job = JobSpec(work_gpu_h=900.0, deadline_s=market.n_ticks * market.tick_s)
     rules = rules_for(SINGLE_NODE)
     seconds: dict[str, float] = {}
