@@ -66,11 +66,19 @@ def provenance(command: list[str] | None = None) -> dict[str, Any]:
     }
 
 
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write `data` to `path` via a temporary file in the same folder, fsync, then rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp creates the file 0600; results are meant to be read: the usual umask-ed 0666.
+        os.fchmod(handle, 0o666 & ~current_umask())
         with os.fdopen(handle, "wb") as out:
             out.write(data)
             out.flush()

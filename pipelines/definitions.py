@@ -9,12 +9,14 @@ from assets.resources import (
     StateResource,
     TelemetryStoreResource,
 )
-from pipelines.jobs import demo_job, train_job
+from pipelines.jobs import curriculum_job, demo_job, train_job
+from sensors.slow_policy import slow_policy_sensor
 
 defs = dg.Definitions(
     assets=[data.data_shards, data.difficulty_scores, data.curriculum, training.checkpoint],
     asset_checks=[data.curriculum_coverage],
-    jobs=[demo_job, train_job],
+    jobs=[demo_job, train_job, curriculum_job],
+    sensors=[slow_policy_sensor],
     resources={
         "state": StateResource(),
         "mlflow": MLflowResource(),

@@ -13,3 +13,9 @@ train_job = dg.define_asset_job(
     selection=dg.AssetSelection.assets("checkpoint"),
     description="Train from the current curriculum and record cost vs eval loss.",
 )
+
+curriculum_job = dg.define_asset_job(
+    "curriculum_refresh",
+    selection=dg.AssetSelection.assets("difficulty_scores", "curriculum"),
+    description="Re-score the data and rebuild the curriculum (what the slow-policy sensor asks).",
+)

@@ -29,7 +29,7 @@ from training._loop_step import evaluate, fixed_eval_batches, tokens_per_example
 from training.checkpoint import checkpoint_name, prune_checkpoints, save_checkpoint
 from training.data_types import Curriculum, ExampleSet
 from training.model import CNNConfig, GPTConfig
-from training.sampler import CurriculumSampler
+from training.sampler import TrainSampler
 
 Status = Literal["completed", "preempted", "stopped", "migrated"]
 
@@ -46,7 +46,7 @@ class LoopRun:
     model_config: GPTConfig | CNNConfig
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    sampler: CurriculumSampler
+    sampler: TrainSampler
     run: RunState
     policy: FastPolicy
     started: float  # time.perf_counter() when this process began on the run
@@ -72,8 +72,16 @@ class LoopRun:
         assert self.writer is not None
         self.writer.write(event)
 
+    def _progress_steps(self) -> float:
+        # The budget's clock: optimizer steps, or with dynamic pruning full-data-equivalent
+        # steps (a pruned epoch counts whole but takes fewer optimizer steps).
+        return self.sampler.progress_steps(self.run.step)
+
+    def _budget_left(self) -> bool:
+        return self._progress_steps() < self.config.max_steps - 1e-9
+
     def _learning_rate(self) -> float:
-        return get_lr(self.run.step, self.config) * self.run.lr_scale
+        return get_lr(self._progress_steps(), self.config) * self.run.lr_scale
 
     def end_event(self, status: str, error: str | None = None) -> RunEndEvent:
         self._tick_clock()
@@ -94,7 +102,7 @@ class LoopRun:
         bar = tqdm(total=self.config.max_steps, initial=self.run.step, desc=self.run.run_id,
                    unit="step", disable=not progress, dynamic_ncols=True)
         with bar, fast.PreemptionSignal() as notice:
-            while self.run.step < self.config.max_steps:
+            while self._budget_left():
                 # Step boundary: everything below is in the checkpoint, so stopping here is exact.
                 if notice.pending:
                     self._on_preemption(notice)
@@ -104,7 +112,7 @@ class LoopRun:
                     return "stopped"
                 last = self._step()
                 steps_this_call += 1
-                bar.update(1)
+                bar.update(self._progress_steps() - bar.n)
                 bar.set_postfix(loss=f"{last['train_loss']:.3f}", usd=f"{self.run.cost_usd:.4f}",
                                 refresh=False)
                 if self.run.step % self.config.fast_every_steps == 0:
@@ -113,9 +121,11 @@ class LoopRun:
                         self._checkpoint("fast_policy")
                     elif response is PreemptionResponse.MIGRATE:
                         status = "migrated"
-                if (self.run.step % self.config.eval_every_steps == 0
-                        or self.run.step == self.config.max_steps):
+                if self.run.step % self.config.eval_every_steps == 0 or not self._budget_left():
                     self._evaluate()
+                if self.run.step % self.config.fast_every_steps == 0:
+                    # After the eval, so that a slow tick in the sampler sees the latest loss.
+                    self.sampler.on_fast_tick(self.run.step)
                 if status == "migrated":
                     self._checkpoint("migrate")
                     return status
@@ -209,6 +219,7 @@ class LoopRun:
         loss, accuracy, count = evaluate(self.model, self.examples, self._eval_batches)
         self.run.last_eval_loss, self.run.last_eval_accuracy = loss, accuracy
         self.run.last_eval_step = self.run.step
+        self.sampler.observe_eval(self.run.step, loss)
         self._write(EvalEvent(
             run_id=self.run.run_id, step=self.run.step, eval_loss=loss, eval_accuracy=accuracy,
             eval_examples=count, eval_ms=(time.perf_counter() - began) * 1000.0,

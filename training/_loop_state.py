@@ -15,7 +15,7 @@ from torch import nn
 from training._loop_step import GradNoiseScale
 from training.data_types import Curriculum, ExampleSet
 from training.model import CNNConfig, GPTConfig, config_dict, model_fingerprint
-from training.sampler import CurriculumSampler
+from training.sampler import TrainSampler
 
 STATE_FORMAT = "trainwise-train-state-1"
 
@@ -96,7 +96,7 @@ def build_state(
     curriculum: Curriculum | None,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    sampler: CurriculumSampler,
+    sampler: TrainSampler,
 ) -> dict[str, Any]:
     """Everything needed to resume exactly, as plain data (see training.checkpoint)."""
     state = dataclasses.asdict(run)
@@ -127,7 +127,7 @@ def restore_state(
     examples: ExampleSet,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    sampler: CurriculumSampler,
+    sampler: TrainSampler,
     source: str,
 ) -> RunState:
     """Loads model, optimizer, sampler and RNGs from `state`; returns the run's progress."""

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from training.data_types import ExampleSet
-from training.sampler import CurriculumSampler
+from training.sampler import TrainSampler
 
 
 def batch_tensors(examples: ExampleSet, positions: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,7 +120,7 @@ def train_step(
     *,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    sampler: CurriculumSampler,
+    sampler: TrainSampler,
     examples: ExampleSet,
     step: int,
     learning_rate: float,
@@ -141,6 +141,8 @@ def train_step(
         positions, weights = sampler.next_batch(micro_batch_size, step)
         inputs, targets = batch_tensors(examples, positions)
         _, per_example = model(inputs, targets, reduction="none")
+        # Dynamic pruning refreshes its loss table from these losses (InfoBatch: no extra pass).
+        sampler.observe_losses(positions, per_example.detach())
         # Weighted loss: mean of per-example loss x curriculum weight (unbiased rescaling).
         loss = (per_example * torch.from_numpy(weights).to(per_example.dtype)).mean()
         (loss / grad_accum_steps).backward()

@@ -10,6 +10,11 @@ cost-aware trainer adds:
    asks the policy (recorded), checkpoints and returns status "preempted".
 4. Cost is billed on elapsed seconds at `price_usd_per_hour`, across resumes.
 5. Telemetry goes to append-only JSONL segments; the loop never opens a database.
+6. With `pruning=DynamicPruningConfig(...)` batches come from `DynamicPruningSampler` instead
+   (InfoBatch-style dynamic pruning on a running loss table fed by the training batches' own
+   per-example losses; the rate set by the slow layer at fast-tick boundaries). `max_steps` is
+   then the full-data budget: the run covers the same epochs, pruned ones in fewer steps, and
+   writes `<telemetry>/<run_id>/consumption.jsonl` (see `training.consumption`).
 
 A checkpoint is written at step boundaries and holds everything to continue exactly: a resumed
 run reproduces the uninterrupted run's losses bit for bit (with the same thread count).
@@ -35,9 +40,11 @@ from training._loop_config import TrainConfig, get_lr
 from training._loop_run import LoopRun, Status
 from training._loop_state import RunState, check_examples_fit, default_model_config, restore_state
 from training.checkpoint import load_checkpoint
+from training.consumption import consumption_path
 from training.data_types import Curriculum, ExampleSet
+from training.dynamic_pruning import DynamicPruningConfig
 from training.model import MODEL_KIND_FOR_DATA, build_model, config_dict, model_fingerprint
-from training.sampler import CurriculumSampler
+from training.sampler import CurriculumSampler, DynamicPruningSampler, TrainSampler
 
 __all__ = ["Status", "TrainConfig", "TrainResult", "get_lr", "train"]
 
@@ -78,11 +85,13 @@ def train(
     resume_from: str | Path | None = None,
     progress: bool = False,
     stop_after_steps: int | None = None,
+    pruning: DynamicPruningConfig | None = None,
 ) -> TrainResult:
     """Trains (or resumes) a run and returns where it stands; see the module docstring.
 
     `curriculum=None` trains on every train example at weight 1. `stop_after_steps` stops this
-    call after that many steps with a checkpoint (status "stopped").
+    call after that many steps with a checkpoint (status "stopped"). `pruning`: dynamic pruning
+    (item 6 of the module docstring); None keeps the static curriculum sampler.
     """
     started = time.perf_counter()  # billing starts here: set-up is paid time too
     if stop_after_steps is not None and stop_after_steps < 0:
@@ -105,13 +114,23 @@ def train(
     rank_dir(telemetry_root, run_id, 0)  # validates run_id before anything is written
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(config.num_threads)
+    sampler: TrainSampler | None = None
     try:
         torch.manual_seed(config.seed)
         model = build_model(model_kind, model_config)
         optimizer = _make_optimizer(model, config)
-        sampler = CurriculumSampler(
-            examples, curriculum, seed=config.seed, max_steps=config.max_steps
-        )
+        if pruning is None:
+            sampler = CurriculumSampler(
+                examples, curriculum, seed=config.seed, max_steps=config.max_steps
+            )
+        else:
+            sampler = DynamicPruningSampler(
+                examples, curriculum, config=pruning, seed=config.seed,
+                max_steps=config.max_steps,
+                samples_per_step=config.micro_batch_size * config.grad_accum_steps,
+                model_fingerprint=fingerprint,
+                consumption_path=consumption_path(telemetry_root, run_id),
+            )
         run = RunState(
             run_id=run_id,
             micro_batch_size=config.micro_batch_size,
@@ -149,6 +168,8 @@ def train(
             writer.write(loop.end_event(status))
     finally:
         torch.set_num_threads(previous_threads)
+        if sampler is not None:
+            sampler.close()  # flushes the consumption record, also when the run failed
     assert loop.checkpoint_path is not None and loop.checkpoint_sha256 is not None
     return TrainResult(
         status=status, run_id=run_id, steps=run.step, final_eval_loss=run.last_eval_loss,

@@ -194,6 +194,10 @@ def run_training(
         num_threads=int(settings.get("TRAINWISE_TORCH_THREADS")),
     )
     run_dir = state_dir / "runs" / request.run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    # Written first: the slow-policy sensor finds a partition's live run by this file.
+    request_path = run_dir / "request.json"
+    request_path.write_text(json.dumps(asdict(request), indent=2))
     result = loop.train(config, examples, curriculum, run_dir, fast_policy=policy,
                         progress=progress)
 
@@ -204,8 +208,6 @@ def run_training(
     checkpoint_uri = store.put_file(checkpoint_path, key)
 
     plot = plot_cost_vs_loss(events, run_dir / "eval_loss_vs_cost.png")
-    summary_path = run_dir / "request.json"
-    summary_path.write_text(json.dumps(asdict(request), indent=2))
     final = {
         "final/eval_loss": result.final_eval_loss,
         "final/cost_usd": result.cost_usd,
@@ -232,7 +234,7 @@ def run_training(
         step_metrics=step_metrics(events),
         final_metrics=final,
         tags={"dagster_run_id": request.run_id, "partition": request.partition},
-        artifacts=[p for p in (plot, summary_path) if p is not None],
+        artifacts=[p for p in (plot, request_path) if p is not None],
     ))
     return RunSummary(
         run_id=request.run_id,

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.cost.suite import ScenarioOutcome
+from benchmarks.results_io import current_umask
 
 ORACLE = "oracle"
 
@@ -278,10 +279,21 @@ def plot_cost_vs_slack(points: list[dict[str, Any]], path: Path) -> None:
             if name == ORACLE
             else {"marker": "o"}
         )
-        axes.plot(
+        (line,) = axes.plot(
             [100 * p["slack"] for p in mine], [p["mean_usd"] for p in mine], label=name, **style
         )
-    axes.set_xlabel("deadline slack (% of the training time)")
+        # Hollow markers: points where the policy missed some deadlines (not the same job done).
+        missed = [p for p in mine if p["deadlines_met"] < 1.0]
+        if missed and name != ORACLE:
+            axes.plot(
+                [100 * p["slack"] for p in missed],
+                [p["mean_usd"] for p in missed],
+                "o",
+                markersize=9,
+                markerfacecolor="white",
+                markeredgecolor=line.get_color(),
+            )
+    axes.set_xlabel("deadline slack (% of the training time); hollow = some deadlines missed")
     axes.set_ylabel("mean cost per job (USD)")
     axes.set_title("Single-node job, single-zone windows: cost vs slack")
     axes.grid(alpha=0.3)
@@ -289,6 +301,7 @@ def plot_cost_vs_slack(points: list[dict[str, Any]], path: Path) -> None:
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.fchmod(handle, 0o666 & ~current_umask())
     os.close(handle)
     try:
         figure.savefig(tmp, dpi=120)
@@ -299,6 +312,11 @@ def plot_cost_vs_slack(points: list[dict[str, Any]], path: Path) -> None:
         plt.close(figure)
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _rounded(row: dict[str, Any]) -> dict[str, Any]:
+    """Four decimals are plenty for USD and shares, and keep cost.json small enough for git."""
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
 
 
 def scenario_records(outcomes: list[ScenarioOutcome]) -> list[dict[str, Any]]:
@@ -314,7 +332,7 @@ def scenario_records(outcomes: list[ScenarioOutcome]) -> list[dict[str, Any]]:
             "deadline_h": o.scenario.deadline_h,
             "oracle_met_usd": _finite(o.oracle_met_usd),
             "oracle_any_usd": _finite(o.oracle_any_usd),
-            "results": o.results,
+            "results": {name: _rounded(row) for name, row in o.results.items()},
         }
         for o in outcomes
     ]

@@ -184,7 +184,10 @@ def build_scenarios(
     deadline_h: float | None = None,
     max_zones: int | None = None,
     folders: tuple[str, ...] | None = None,
+    starts_deadline_h: float | None = None,
 ) -> list[Scenario]:
+    """Scenarios of `setting`. `starts_deadline_h` places the windows as if the deadline were
+    that long, so a sweep over deadlines starts every deadline's windows at the same ticks."""
     deadline_h = deadline_h if deadline_h is not None else setting.deadline_h
     if folders is not None:
         setting = replace(setting, folders=folders)
@@ -192,7 +195,12 @@ def build_scenarios(
     for group in zone_groups(setting, max_zones):
         job = setting.job(group.gpus_per_node, deadline_h)
         window_ticks = math.floor(job.deadline_s / group.market.tick_s + 1e-9)
-        starts = window_starts(group.market.n_ticks, window_ticks, windows_per_zone)
+        starts_ticks = window_ticks
+        if starts_deadline_h is not None:
+            starts_ticks = max(
+                window_ticks, math.floor(starts_deadline_h * 3600 / group.market.tick_s)
+            )
+        starts = window_starts(group.market.n_ticks, starts_ticks, windows_per_zone)
         for start in starts:
             window = group.market.window(start, window_ticks)
             for zone in window.zones:

@@ -1,0 +1,51 @@
+"""The slow layer in Dagster: a sensor that re-decides each partition's pruning rate.
+
+On its interval it reads the live telemetry of each partition's latest run, asks the slow
+policy, and when the rate moved enough requests a re-materialization of that partition's
+curriculum (the trainer picks the new version up at a fast-tick boundary). Otherwise it says why
+it skipped. The cursor remembers the last decision per partition so a decision is requested once.
+"""
+
+import json
+
+import dagster as dg
+
+from assets.partitions import DATA_PARTITIONS
+from pipelines.jobs import curriculum_job
+from trainwise import settings, slow_tick
+
+# A smaller change is not worth a new curriculum version (and a sampler epoch restart).
+MIN_RATE_CHANGE = 0.05
+
+
+@dg.sensor(job=curriculum_job, minimum_interval_seconds=300,
+           default_status=dg.DefaultSensorStatus.STOPPED)
+def slow_policy_sensor(context: dg.SensorEvaluationContext):
+    """Slow layer: re-decides the pruning rate from live telemetry; requests a new curriculum."""
+    cursor = json.loads(context.cursor) if context.cursor else {}
+    state_dir = settings.home_dir()
+    requests, skips = [], []
+    for partition in DATA_PARTITIONS:
+        tick = slow_tick.decide(state_dir, partition)
+        if tick.action is None:
+            skips.append(f"{partition}: {tick.skip_reason}")
+            continue
+        rate = round(tick.action.pruning_rate, 2)
+        current = tick.current_pruning_rate if tick.current_pruning_rate is not None else -1.0
+        key = f"{partition}:{tick.run_id}:{rate:.2f}"
+        if abs(rate - current) < MIN_RATE_CHANGE or cursor.get(partition) == key:
+            skips.append(f"{partition}: rate {rate:.2f} ~ current {current:.2f} "
+                         f"({tick.action.reason})")
+            continue
+        cursor[partition] = key
+        requests.append(dg.RunRequest(
+            run_key=key,
+            partition_key=partition,
+            run_config={"ops": {"curriculum": {"config": {"pruning_rate": rate}}}},
+            tags={"trainwise/layer": "slow", "trainwise/reason": tick.action.reason[:250],
+                  "trainwise/steered_run": tick.run_id or ""},
+        ))
+    context.update_cursor(json.dumps(cursor, sort_keys=True))
+    if requests:
+        return requests
+    return dg.SkipReason("; ".join(skips) or "no partitions")

@@ -1,0 +1,85 @@
+"""The slow-policy sensor steers a live run's curriculum and leaves finished runs alone."""
+
+import json
+
+import dagster as dg
+import pytest
+
+from pipelines.definitions import defs
+from sensors.slow_policy import slow_policy_sensor
+from telemetry import events
+from telemetry.writer import SegmentWriter
+from training import curriculum as curriculum_lib
+from trainwise import settings
+
+
+def _evaluate(instance, cursor=None):
+    context = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs)
+    return slow_policy_sensor.evaluate_tick(context)
+
+
+def _live_run(run_id: str, steps: int, losses: list[float]) -> None:
+    """A run still training: request file and telemetry, no run_end yet."""
+    run_dir = settings.home_dir() / "runs" / run_id
+    run_dir.mkdir(parents=True)
+    (run_dir / "request.json").write_text(json.dumps({"partition": "pystdlib",
+                                                      "max_steps": 1000}))
+    with SegmentWriter(run_dir / "telemetry", run_id) as writer:
+        for step in range(1, steps + 1):
+            writer.write(events.StepEvent(
+                run_id=run_id, step=step, train_loss=3.0, learning_rate=1e-3, grad_norm=1.0,
+                grad_noise_scale=float("nan"), micro_batch_size=32, grad_accum_steps=1,
+                step_time_ms=100.0, samples_seen=32 * step, tokens_seen=2048 * step,
+                elapsed_s=0.1 * step, cost_usd=0.0001 * step))
+        for i, loss in enumerate(losses):
+            writer.write(events.EvalEvent(run_id=run_id, step=(i + 1) * 50, eval_loss=loss,
+                                          eval_accuracy=None, eval_examples=256, eval_ms=5.0))
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as test_instance:
+        yield test_instance
+
+
+def test_sensor_requests_new_curriculum_for_live_run_once(instance):
+    job = defs.resolve_job_def("demo")
+    assert job.execute_in_process(
+        partition_key="pystdlib", instance=instance,
+        run_config={"ops": {"curriculum": {"config": {"pruning_rate": 0.0}},
+                            "checkpoint": {"config": {"max_steps": 4}}}}).success
+    # The finished demo run is not steered.
+    result = _evaluate(instance)
+    assert not result.run_requests and "nothing to steer" in result.skip_message
+
+    _live_run("live-run-1", steps=200, losses=[3.0, 2.6, 2.3, 2.1])
+    result = _evaluate(instance)
+    assert len(result.run_requests) == 1
+    request = result.run_requests[0]
+    rate = request.run_config["ops"]["curriculum"]["config"]["pruning_rate"]
+    assert request.partition_key == "pystdlib" and rate >= 0.05
+    assert request.tags["trainwise/steered_run"] == "live-run-1"
+    assert "pruning" in request.tags["trainwise/reason"]
+
+    # Same tick again with the cursor: no duplicate request.
+    again = _evaluate(instance, cursor=result.cursor)
+    assert not again.run_requests
+
+    # Running what the sensor asked for builds a curriculum at that rate.
+    refresh = defs.resolve_job_def("curriculum_refresh").execute_in_process(
+        partition_key="pystdlib", instance=instance, run_config=request.run_config)
+    assert refresh.success
+    built = curriculum_lib.load_curriculum(settings.home_dir() / "curricula" / "pystdlib")
+    assert built.pruning_rate == pytest.approx(rate)
+
+
+def test_sensor_holds_rate_when_eval_loss_regresses(instance):
+    job = defs.resolve_job_def("demo")
+    assert job.execute_in_process(
+        partition_key="pystdlib", instance=instance,
+        run_config={"ops": {"curriculum": {"config": {"pruning_rate": 0.0}},
+                            "checkpoint": {"config": {"max_steps": 4}}}}).success
+    _live_run("live-run-2", steps=200, losses=[2.0, 2.5])  # +25%: the quality guard
+    result = _evaluate(instance)
+    assert not result.run_requests
+    assert "regressed" in result.skip_message
