@@ -7,6 +7,7 @@ import importlib
 SUITES = {
     "cost": "benchmarks.cost",
     "controller": "benchmarks.controller_overhead",
+    "data": "benchmarks.data",
 }
 
 

@@ -6,6 +6,7 @@ the demo a user finds it in `make ui` too.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import dagster as dg
@@ -25,6 +26,8 @@ def default_partition() -> str:
 
 def run_demo(partition: str = "", max_steps: int = 300) -> str:
     partition = partition or default_partition()
+    # The summary says where MLflow is; its table-creation notices are noise here.
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
     started = time.monotonic()
     instance = dg.DagsterInstance.get()
     result = defs.resolve_job_def("demo").execute_in_process(

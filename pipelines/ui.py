@@ -22,8 +22,12 @@ def _bin(name: str) -> str:
 
 
 def start(host: str, port: int, env: dict[str, str] | None = None,
-          log_dir: Path | None = None) -> list[subprocess.Popen]:
-    """Start dagster-webserver and dagster-daemon; returns both processes."""
+          log_dir: Path | None = None, timeout_s: float = 180.0) -> list[subprocess.Popen]:
+    """Start dagster-webserver, wait until it answers, then dagster-daemon; returns both.
+
+    In sequence, because on a fresh DAGSTER_HOME both would create the sqlite storage at once
+    and one dies on "table alembic_version already exists".
+    """
     workspace = str(PROJECT_ROOT / "workspace.yaml")
     full_env = {**os.environ, **(env or {})}
     if "DAGSTER_HOME" not in full_env:
@@ -32,13 +36,19 @@ def start(host: str, port: int, env: dict[str, str] | None = None,
         "webserver": [_bin("dagster-webserver"), "-h", host, "-p", str(port), "-w", workspace],
         "daemon": [_bin("dagster-daemon"), "run", "-w", workspace],
     }
-    processes = []
-    for name, command in commands.items():
-        out = open(log_dir / f"{name}.log", "wb") if log_dir else subprocess.DEVNULL
-        processes.append(subprocess.Popen(
-            command, cwd=PROJECT_ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        ))
+    processes: list[subprocess.Popen] = []
+    try:
+        for name, command in commands.items():
+            out = open(log_dir / f"{name}.log", "wb") if log_dir else subprocess.DEVNULL
+            processes.append(subprocess.Popen(
+                command, cwd=PROJECT_ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            ))
+            if name == "webserver":
+                wait_until_up(f"http://{host}:{port}", timeout_s, processes)
+    except BaseException:
+        stop(processes)
+        raise
     return processes
 
 
@@ -78,7 +88,6 @@ def serve(host: str = "127.0.0.1", port: int = 3000) -> int:
     processes = start(host, port)
     url = f"http://{host}:{port}"
     try:
-        wait_until_up(url, processes=processes)
         print(f"trainwise UI: {url}  (Dagster webserver + daemon; Ctrl-C stops both)")
         while all(process.poll() is None for process in processes):
             time.sleep(1)

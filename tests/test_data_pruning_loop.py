@@ -11,10 +11,14 @@ import torch
 
 from controllers.fast_types import FastAction, FastObservation
 from controllers.pruning import PruningConfig
+from tests.test_data_pruning_draw import FINGERPRINT, synthetic_examples
+from tests.test_data_pruning_inputs import scores_for
 from tests.test_training_loop import step_losses, text_examples, tiny_config
 from training.consumption import epochs, example_history, read_consumption, trained_on
+from training.curriculum import build_curriculum, write_curriculum
 from training.dynamic_pruning import DynamicPruningConfig, write_pruning_control
 from training.loop import train
+from training.sampler import DynamicPruningSampler
 
 torch.set_num_threads(1)
 
@@ -154,3 +158,32 @@ def test_a_plain_checkpoint_is_not_resumed_with_pruning_nor_the_reverse(tmp_path
     with pytest.raises(ValueError, match="same method"):
         train(tiny_config(max_steps=8), examples, None, tmp_path / "pruned",
               resume_from=pruned.checkpoint_path, pruning=other)
+
+
+def test_a_new_curriculum_version_is_picked_up_at_a_fast_tick(tmp_path):
+    examples = synthetic_examples()
+    curriculum = build_curriculum(examples, scores_for(examples), 0.5, seed=0)
+    write_curriculum(curriculum, tmp_path / "curricula")
+    control = tmp_path / "control.json"
+    record = tmp_path / "consumption.jsonl"
+    sampler = DynamicPruningSampler(
+        examples, None, config=DynamicPruningConfig(pruning_rate=0.0, control_path=control),
+        seed=0, max_steps=1000, samples_per_step=10, model_fingerprint=FINGERPRINT,
+        consumption_path=record)
+    n_train = len(examples.train_positions)
+    sampler.next_batch(10, 0)
+    write_pruning_control(control, curriculum_dir=tmp_path / "curricula", reason="re-materialized")
+    sampler.on_fast_tick(1)
+    positions, weights = sampler.next_batch(n_train - 10 + len(curriculum.example_ids), 1)
+    epoch_1 = positions[n_train - 10:]
+    assert set(epoch_1.tolist()) == set(examples.positions_of(curriculum.example_ids).tolist())
+    assert set(weights[n_train - 10:].tolist()) == set(curriculum.weights.tolist())
+    sampler.close()
+    records = read_consumption(record)
+    (change,) = [r for r in records if r["type"] == "curriculum"]
+    assert change["version"] == curriculum.version and change["source"] == "control_file"
+    assert change["step"] == 1 and change["applies_from_epoch"] == 1
+    epoch_record = epochs(records)[1]
+    assert epoch_record["curriculum_version"] == curriculum.version
+    reasons = {group["reason"]: len(group["ids"]) for group in epoch_record["skipped"]}
+    assert reasons[f"not in curriculum {curriculum.version}"] == n_train - len(curriculum.example_ids)

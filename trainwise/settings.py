@@ -20,6 +20,12 @@ class Setting:
     default: str
     help: str
 
+    @property
+    def shown_default(self) -> str:
+        """The default as the README shows it: relative to the project, "(empty)" if empty."""
+        shown = self.default.replace(str(PROJECT_ROOT), "<project>")
+        return shown.replace(str(PROJECT_ROOT.parent), "<project>/..") or "(empty)"
+
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("TRAINWISE_HOME", str(PROJECT_ROOT / ".trainwise"),
