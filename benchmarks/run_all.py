@@ -7,6 +7,7 @@ import importlib
 SUITES = {
     "cost": "benchmarks.cost",
     "controller": "benchmarks.controller_overhead",
+    "fast_layer": "benchmarks.fast_layer",
     "data": "benchmarks.data",
 }
 

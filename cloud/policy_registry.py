@@ -28,6 +28,13 @@ def register_policy(name: str, factory: PolicyFactory, replace: bool = False) ->
 def _ensure_builtins() -> None:
     import cloud.policies  # noqa: F401  (registers the built-in peers)
 
+    if "trainwise_heuristic" not in _FACTORIES:
+        # trainwise's own hazard-aware heuristic, after the peers (factory kwargs: risk_model,
+        # config; the cost suite passes a model fitted before each window).
+        from controllers.allocation_heuristic import TrainwiseAllocationPolicy
+
+        register_policy("trainwise_heuristic", TrainwiseAllocationPolicy)
+
 
 def policy_names() -> tuple[str, ...]:
     """Registered names, built-ins first in registration order."""

@@ -33,6 +33,8 @@ bad values.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass, field
 
@@ -63,6 +65,9 @@ class FastHeuristicConfig:
     # no estimate and the batch could never move. At least 2 keeps the estimate alive, at the
     # price of smaller micro-batches; set 1 where the noise scale comes from elsewhere (DDP ranks).
     min_grad_accum_steps: int = 2
+    # Checkpoint cost assumed until the trainer has measured one (it sends nan before its first
+    # checkpoint). Conservative: a long assumed save makes the notice rule act earlier.
+    unmeasured_checkpoint_cost_s: float = 30.0
 
 
 def _observation_ok(o: FastObservation) -> bool:
@@ -172,6 +177,9 @@ class HeuristicFastPolicy:
 
     def act(self, observation: FastObservation) -> FastAction:
         o = observation
+        cost = o.checkpoint_cost_s
+        if cost != cost:  # nan: no checkpoint measured yet, not bad input (see the config)
+            o = dataclasses.replace(o, checkpoint_cost_s=self.config.unmeasured_checkpoint_cost_s)
         if not _observation_ok(o):
             bad = bad_observation_fields(o)
             self._balancer.reset(max(1, len(o.rank_step_time_ms or ())))

@@ -38,6 +38,7 @@ class FastObservation:
     # Probability of a preemption in the next slow interval, from the risk model (0..1).
     preemption_risk: float
     seconds_since_checkpoint: float
+    # Seconds the last checkpoint took to write; nan until the first one has been measured.
     checkpoint_cost_s: float
 
 

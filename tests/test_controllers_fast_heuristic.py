@@ -114,7 +114,7 @@ def test_last_chance_uses_the_measured_time_between_decisions():
     ({"grad_noise_scale": "big"}, "grad_noise_scale"),
     ({"preemption_risk": 1.5}, "preemption_risk"),
     ({"seconds_since_checkpoint": -1.0}, "seconds_since_checkpoint"),
-    ({"checkpoint_cost_s": math.nan}, "checkpoint_cost_s"),
+    ({"checkpoint_cost_s": -2.0}, "checkpoint_cost_s"),
     ({"learning_rate": math.nan}, "learning_rate"),
     ({"micro_batch_size": 0}, "micro_batch_size"),
     ({"dataloader_queue_depth": -1}, "dataloader_queue_depth"),
@@ -177,3 +177,15 @@ def test_every_action_has_a_reason_and_numbers():
     assert batch.startswith("B_noise") and "shares" in shares and preemption == "no notice"
     assert {"b_noise_ema", "global_batch", "share_gain", "preemption_risk"} <= set(a.numbers)
     assert all(isinstance(v, float) for v in a.numbers.values())
+
+
+def test_unmeasured_checkpoint_cost_is_not_bad_input():
+    # The trainer sends nan until its first checkpoint: the policy assumes the configured prior
+    # and keeps deciding (batch, shares), instead of falling back.
+    policy = HeuristicFastPolicy()
+    a = policy.act(obs(checkpoint_cost_s=math.nan, grad_noise_scale=5000.0))
+    assert not a.reason.startswith("fallback:")
+    assert a.numbers["checkpoint_cost_s"] == policy.config.unmeasured_checkpoint_cost_s
+    # With the 30 s prior a 20 s notice cannot cover a save: the notice rule says so.
+    b = HeuristicFastPolicy().act(obs(checkpoint_cost_s=math.nan, preemption_notice_s=20.0))
+    assert b.preemption_response is PreemptionResponse.MIGRATE

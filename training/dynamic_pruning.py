@@ -290,17 +290,23 @@ def read_pruning_control(path: str | Path) -> PruningControl:
 class SlowPruningTicker:
     """The slow layer's pruning decision inside the trainer (deterministic, checkpointable):
     `controllers.pruning.decide_pruning_rate` on the live score table and the eval-loss curve.
-    The Dagster sensor makes the same decision from telemetry and writes the control file."""
+    The Dagster sensor makes the same decision from telemetry and writes the control file.
+
+    The curve the policy sees has one point per slow tick: the mean of the evaluations since the
+    previous tick (a slow layer reads telemetry aggregated over its tick, not single evaluations,
+    whose step-to-step noise would trip the regression guard at random)."""
 
     config: PruningConfig
     every_steps: int
     last_tick_step: int = 0
-    eval_steps: list[int] = field(default_factory=list)
-    eval_losses: list[float] = field(default_factory=list)
+    eval_steps: list[int] = field(default_factory=list)  # one per tick that saw evaluations
+    eval_losses: list[float] = field(default_factory=list)  # mean eval loss over that tick
+    window: list[float] = field(default_factory=list)  # evaluations since the last tick
+    window_step: int = 0
 
     def observe_eval(self, step: int, eval_loss: float) -> None:
-        self.eval_steps.append(int(step))
-        self.eval_losses.append(float(eval_loss))
+        self.window.append(float(eval_loss))
+        self.window_step = int(step)
 
     def due(self, step: int) -> bool:
         return step - self.last_tick_step >= self.every_steps
@@ -308,6 +314,10 @@ class SlowPruningTicker:
     def decide(self, *, step: int, pool_scores: np.ndarray, fraction_done: float,
                work_done: float) -> PruningDecision:
         self.last_tick_step = step
+        if self.window:
+            self.eval_steps.append(self.window_step)
+            self.eval_losses.append(sum(self.window) / len(self.window))
+            self.window = []
         scores = _finite_scores(pool_scores)
         mean = float(scores.mean())
         data = DataSummary(num_examples=len(scores), mean_loss_score=mean,
@@ -322,9 +332,12 @@ class SlowPruningTicker:
 
     def state_dict(self) -> dict:
         return {"last_tick_step": self.last_tick_step, "eval_steps": list(self.eval_steps),
-                "eval_losses": list(self.eval_losses)}
+                "eval_losses": list(self.eval_losses), "window": list(self.window),
+                "window_step": self.window_step}
 
     def load_state_dict(self, state: dict) -> None:
         self.last_tick_step = int(state["last_tick_step"])
         self.eval_steps = [int(s) for s in state["eval_steps"]]
         self.eval_losses = [float(v) for v in state["eval_losses"]]
+        self.window = [float(v) for v in state["window"]]
+        self.window_step = int(state["window_step"])

@@ -23,6 +23,7 @@ Windows per zone are evenly spaced start ticks over the trace.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import zlib
@@ -35,6 +36,7 @@ import numpy as np
 from cloud.faults import FaultSampler, load_fault_trace
 from cloud.oracle import hindsight_optimum
 from cloud.policy_registry import make_policy, policy_names
+from cloud.risk_fit import AvailabilityHistory, fit_risk_model, folder_histories
 from cloud.prices import (
     CANT_BE_LATE_ON_DEMAND_USD_PER_HOUR,
     CANT_BE_LATE_SPOT_USD_PER_HOUR,
@@ -46,6 +48,7 @@ from cloud.prices import (
 from cloud.simulator import ClusterRules, JobSpec, Market, market_from_traces, simulate
 from cloud.stragglers import StragglerSampler, load_step_inflation
 from cloud.traces import SpotTrace, group_by_shape, load_folder, scaled_availability
+from controllers.preemption_risk import PreemptionRiskModel
 
 SINGLE_NODE_FOLDERS = (
     "availability-1node-aws-2023-02",
@@ -120,6 +123,9 @@ class Scenario:
     oracle_key: tuple  # scenarios with the same key share one oracle
     seed: int
     deadline_h: float
+    # The whole market the window was cut from (all zones of the folder and node shape): policies
+    # that learn from history may read it before `start_tick` only (see `policy_for`).
+    trace_market: Market | None = None
 
 
 @dataclass
@@ -213,6 +219,7 @@ def build_scenarios(
                     "job": job,
                     "rules": rules,
                     "deadline_h": deadline_h,
+                    "trace_market": group.market,
                 }
                 if "single_zone" in kinds:
                     scenarios.append(
@@ -325,7 +332,7 @@ def run_scenarios(
                 fault_trace = fault_trace or load_fault_trace()
                 sampler = FaultSampler(fault_trace, seed=scenario.seed)
             result = simulate(
-                make_policy(name),
+                policy_for(name, scenario),
                 scenario.job,
                 scenario.rules,
                 scenario.market,
@@ -335,6 +342,50 @@ def run_scenarios(
             outcome.results[name] = _result_row(result)
         outcomes.append(outcome)
     return outcomes
+
+
+def risk_model_for(scenario: Scenario) -> PreemptionRiskModel:
+    """The hazard model trainwise_heuristic gets for a scenario, fitted by `cloud/risk_fit.py`'s
+    protocol: the scenario's market (all zones of its folder and shape) before the window start,
+    with the other trace folders as the prior. Cached per market and cutoff."""
+    market = scenario.trace_market
+    if market is None:
+        raise ValueError("scenario has no trace_market to fit a risk model on")
+    key = (scenario.setting.name, scenario.folder, scenario.instance_type, scenario.start_tick)
+    if key not in _RISK_MODELS:
+        target = AvailabilityHistory(
+            f"{scenario.folder}/{scenario.instance_type}",
+            market.zones,
+            float(market.tick_s),
+            market.spot_available,
+            max(1, int(market.spot_available.max())),
+            market.trace_start_s,
+        )
+        prior = [h for folder in ALL_FOLDERS if folder != scenario.folder
+                 for h in _folder_histories(folder)]
+        _RISK_MODELS[key] = fit_risk_model(target, scenario.start_tick, prior)
+    return _RISK_MODELS[key]
+
+
+_RISK_MODELS: dict[tuple, PreemptionRiskModel] = {}
+ALL_FOLDERS = (*SINGLE_NODE_FOLDERS, MULTI_NODE_FOLDER)
+
+
+@functools.lru_cache(maxsize=None)
+def _folder_histories(folder: str) -> tuple[AvailabilityHistory, ...]:
+    return tuple(folder_histories(folder))
+
+
+# Policies whose factory takes per-scenario arguments: name -> kwargs builder.
+SCENARIO_POLICY_KWARGS: dict[str, Callable[[Scenario], dict[str, Any]]] = {
+    "trainwise_heuristic": lambda scenario: {"risk_model": risk_model_for(scenario)},
+}
+
+
+def policy_for(name: str, scenario: Scenario) -> Any:
+    """A fresh policy for one scenario (per-scenario arguments from SCENARIO_POLICY_KWARGS)."""
+    builder = SCENARIO_POLICY_KWARGS.get(name)
+    return make_policy(name, **(builder(scenario) if builder else {}))
 
 
 def oracle_violations(outcomes: list[ScenarioOutcome], tolerance_usd: float = 1e-6) -> list[dict]:

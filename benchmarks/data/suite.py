@@ -16,10 +16,12 @@ Methods (`METHODS`), each `training.loop.train` with one torch thread:
   under the same kind of loss table), drawn uniformly, weight 1;
 - `infobatch`: the paper's method (Qin et al., ICLR'24): rate 0.5, equal start scores (epoch 0 is
   full data), below-mean examples left out at random, kept ones weighted 1/(1-r), anneal 0.125;
-- `trainwise`: the same draw, the rate set every slow tick (one per evaluation) by
+- `trainwise`: the same draw, the rate set every slow tick (every 4 evaluations, about once per
+  epoch; the policy sees the mean eval loss of each tick) by
   `controllers.pruning.decide_pruning_rate` (max rate 0.5, scaled by the loss table's dispersion,
-  halved on a flat or rising eval curve, 0 before the first eval and in the anneal); start scores
-  from `training.scoring.difficulty_scores` (proxy models).
+  halved on a flat or slightly rising eval curve, 0 on a rise over 2%, before the first eval and
+  in the anneal); start scores from `training.scoring.difficulty_scores` (proxy models; they
+  matter only if a run starts with a rate above 0).
 
 Budget (the same for every method): E epochs of the train split with the same learning-rate
 schedule over epochs (warmup, cosine to lr/10). A pruned epoch counts as one epoch but costs
@@ -58,6 +60,7 @@ class DatasetSpec:
     eval_batches: int
     eval_batch_size: int
     model: dict[str, Any]  # GPTConfig (vocab_size and block_size from the data) or CNNConfig fields
+    slow_every_evals: int = 4  # trainwise: one slow tick per this many evaluations
     max_train_examples: int | None = None  # quick mode: the first N train examples only
     max_eval_examples: int | None = None
     description: str = ""
@@ -154,7 +157,7 @@ def pruning_config(method: str, spec: DatasetSpec, examples: ExampleSet):
             method="infobatch", pruning_rate=0.0, anneal_fraction=ANNEAL_FRACTION,
             initial_scores=difficulty_scores(examples),
             slow_policy=PruningConfig(max_rate=PRUNING_RATE, anneal_fraction=ANNEAL_FRACTION),
-            slow_every_steps=spec.eval_every_steps)
+            slow_every_steps=spec.eval_every_steps * spec.slow_every_evals)
     raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
 
 
