@@ -277,18 +277,20 @@ class TrainwiseAllocationPolicy:
         # budget can afford to join from on-demand.
         budget_s = slack_s - floor_s
         rides_per_h = self._ride_rate_per_h(obs.zones, n)
-        join_age_s, need_s = math.inf, 0.0
+        rides_left = rides_per_h * obs.time_left_s / 3600.0
+        # Slack every future ride would take (two changeovers each): only slack beyond it is
+        # spent waiting idle.
+        all_rides_s = 2 * c * cfg.ride_reserve_factor * rides_left
+        join_age_s = cfg.join_ages_s[-1]
         for age in cfg.join_ages_s:
             surviving = min((self.model.survival(z, 0.0, age, obs.trace_time_s, n)
                              for z in obs.zones), default=1.0)
-            need = (2 * c * cfg.ride_reserve_factor * rides_per_h * obs.time_left_s / 3600.0
-                    * surviving)
-            if need <= budget_s:
-                join_age_s, need_s = age, need
+            if all_rides_s * surviving <= budget_s:
+                join_age_s = age
                 break
-        excess_s = budget_s - need_s if math.isfinite(join_age_s) else budget_s - need
-        numbers.update(join_age_s=join_age_s if math.isfinite(join_age_s) else -1.0,
-                       ride_reserve_s=need_s, excess_slack_s=excess_s)
+        excess_s = budget_s - all_rides_s
+        numbers.update(join_age_s=join_age_s, ride_reserve_s=all_rides_s, excess_slack_s=excess_s,
+                       rides_left=rides_left)
 
         # Score every node set we could hold now.
         horizon_base_s = run_s + saves_s

@@ -7,6 +7,7 @@ the demo a user finds it in `make ui` too.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import dagster as dg
@@ -27,6 +28,7 @@ def default_partition() -> str:
 def run_demo(partition: str = "", max_steps: int = 300) -> str:
     partition = partition or default_partition()
     # The summary says where MLflow is; its table-creation notices are noise here.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     started = time.monotonic()
     instance = dg.DagsterInstance.get()
