@@ -54,7 +54,7 @@ def load_fault_trace(
     try:
         events = json.loads(path.read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"fault trace {path} does not exist; check TRAINWISE_DATA_DIR")
+        raise FileNotFoundError(f"fault trace {path} does not exist; check TRAINWISE_DATA_DIR") from None
     if not isinstance(events, list) or not events:
         raise ValueError(f"fault trace {path} has no events (expected a non-empty JSON list)")
     open_faults: dict[tuple[str, str], float] = {}
@@ -69,7 +69,7 @@ def load_fault_trace(
             raise ValueError(
                 f"fault trace {path}: event {index} lacks node_id/event_time/"
                 f"event_type/fault_type.Desc ({error})"
-            )
+            ) from error
         if kind == "fault_start":
             if key in open_faults:
                 raise ValueError(

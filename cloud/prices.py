@@ -139,7 +139,7 @@ def _advisor(path: str) -> dict:
     except FileNotFoundError:
         raise FileNotFoundError(
             f"Spot Advisor feed {path} does not exist; check TRAINWISE_DATA_DIR"
-        )
+        ) from None
 
 
 def spot_advisor(

@@ -144,9 +144,9 @@ def load_trace(
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(f"spot trace {path} does not exist; check TRAINWISE_DATA_DIR")
+        raise FileNotFoundError(f"spot trace {path} does not exist; check TRAINWISE_DATA_DIR") from None
     except json.JSONDecodeError as error:
-        raise ValueError(f"spot trace {path} is not valid JSON: {error}")
+        raise ValueError(f"spot trace {path} is not valid JSON: {error}") from error
     gap = (raw.get("metadata") or {}).get("gap_seconds") if isinstance(raw, dict) else None
     if gap is None:
         raise ValueError(

@@ -89,7 +89,8 @@ class AllocationObservation:
         try:
             return self.zones.index(zone)
         except ValueError:
-            raise ValueError(f"zone {zone!r} is not in this market; valid: {', '.join(self.zones)}")
+            raise ValueError(
+                f"zone {zone!r} is not in this market; valid: {', '.join(self.zones)}") from None
 
     def spot_available(self, zone: str) -> int:
         return self.spot_available_by_zone[self.zone_index(zone)]
