@@ -5,9 +5,9 @@ import dagster as dg
 
 from assets.partitions import data_partitions
 from assets.resources import StateResource
-from trainwise import settings
 from training import curriculum as curriculum_lib
 from training import scoring, shards
+from trainwise import settings
 
 
 class CurriculumConfig(dg.Config):

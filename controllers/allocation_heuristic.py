@@ -1,48 +1,51 @@
-"""trainwise's node allocation heuristic: Can't Be Late's safety net, driven by a preemption-risk
-model learned from real spot traces.
+"""trainwise's node allocation heuristic ("trainwise_heuristic"): Can't Be Late's safety net,
+with every other choice priced by a preemption-risk model learned from real spot traces.
 
 References: Wu et al., "Can't Be Late: Optimizing Spot Instance Savings under Deadlines",
-NSDI'24 (Uniform Progress and its safety net); the hazard model in
-`controllers/preemption_risk.py` (piecewise-exponential hazards by zone, run age and time of day).
+NSDI'24 (Uniform Progress, its safety net, the 0.1 h changeover setting); the hazard model of
+`controllers/preemption_risk.py` (piecewise-exponential hazards by zone, run age and time of
+day, fitted by `cloud/risk_fit.py`); backward induction in `controllers/allocation_planner.py`.
 
-Why it beats Uniform Progress (on the real traces, `benchmarks/results/cost.md`): Uniform
-Progress stays on on-demand while spot is available until it is ahead of its line, and spends its
-slack early. Spot runs on AWS are mostly short (median under an hour) but heavy-tailed, and every
-change of node set costs a changeover (0.1 h, billed, no progress) plus the slack it eats. So:
+Why it beats Uniform Progress on the real traces (`benchmarks/results/cost.md`): Uniform Progress
+stays on on-demand while spot is available until it is ahead of its line, and spends slack early.
+Spot runs on AWS are mostly short (median under an hour) but heavy-tailed, and every change of
+node set costs a changeover (0.1 h, billed, no progress) and the slack it eats. Slack is the
+budget that pays for waiting and for changeovers; the policy prices it:
 
-1. Slack is a budget for changeovers. Each ride on spot from on-demand costs two changeovers of
-   slack (on to spot, back after the preemption). The policy estimates how many rides the rest of
-   the window offers (time left / mean availability cycle, from the model) and keeps that much
-   slack in reserve; only slack beyond it is spent waiting idle for spot.
-2. When the budget cannot fund every ride, it rations rides by age: it joins only runs that have
-   already lasted `a*` (the smallest age whose surviving runs the budget can fund). With a
-   decreasing hazard, a run that has survived is the one likely to last (a short run would cost
-   its changeovers and save little).
-3. Every candidate node set (zone, s spot + N - s on-demand) is scored by its expected cost per
-   unit of progress over the rest of the job: price x expected holding time, plus the expected
-   restart after a preemption (a changeover on on-demand), divided by the expected progress
-   (holding time minus the changeover and the notice save). A change must beat keeping the
-   current set by `switch_margin` (hysteresis). This picks zones in multi-zone markets (the
-   zone whose current run is likely to last) and partial-spot gangs for multi-node jobs.
-4. When slack is thin, spot is left before a likely preemption (P(preempt within the next
-   ticks) above `leave_p_preempt`) instead of waiting to be preempted at the edge of the net.
-5. Safety net (Can't Be Late's, widened like the simulator's peers): any action that could leave
+1. Single zone, single node (the Can't Be Late setting): a slack plan, solved once per job by
+   backward induction over (time left, slack, holding, spot up/down and the run's age) on the
+   fitted model, says idle, on-demand or spot. It rides a spot run only when the run's expected
+   remaining length (its age matters: a run that has lasted hours will likely last hours more)
+   pays for the two changeovers of slack it costs, waits idle only when the slack will not be
+   needed for better rides, and leaves spot for on-demand before a likely preemption when the
+   slack left cannot afford one more restart.
+2. Several zones or a gang (N > 1): every node set (zone, s spot + N - s on-demand, with s a
+   share of N from `spot_fractions`) is scored by its expected cost per hour of progress over the
+   rest of the job: price x expected holding time, plus the restart after a preemption (a
+   changeover on on-demand), plus the slack its changeovers eat at the plan's price of slack,
+   divided by the expected progress (holding time minus changeover and notice save). The
+   cheapest wins, a change only if it beats keeping the current set by `switch_margin`
+   (hysteresis, so short runs elsewhere do not pull the job around). A composite plan (all
+   zones as one process: a preempted job hops to another zone with the probability that one
+   has spot) supplies the price of slack and says when to wait or stay on on-demand.
+3. Safety net (Can't Be Late's, widened like the simulator's peers): an action that could leave
    the job unable to finish on on-demand after one more tick and a preemption is refused; when
    nothing else is safe, on-demand to the end. Gangs (N > 1) also keep a fault reserve (one
    checkpoint interval plus a changeover) because node faults come without notice.
 
-Events (single zone, thin slack): spot (age 3 h) -> preempted -> spot gone: on-demand (slack
-kept for rides) -> spot back, age 0: stay on on-demand (rides rationed to runs older than 15 min)
--> age 15 min: switch to spot -> ... -> slack at the net: on-demand to the end.
+Events (single zone, thin slack): spot (run 3 h old) -> preempted -> spot gone: on-demand (slack
+kept for later rides) -> spot back, run 2 min old: stay on on-demand (too young to pay two
+changeovers) -> run 40 min old: take spot -> ... -> slack at the net: on-demand to the end.
 
-State: the policy remembers, from the observations it has been given, when each zone's spot
-capacity last changed (the age of the current availability run), starting from the model's
-`run_at_cutoff` (the history observed before the window). Nothing else. It forgets when the job
-clock goes back (a new run), so two runs over the same trace make the same decisions.
+State: the policy remembers, from the observations it is given, when each zone's spot capacity
+last changed (the age of the current availability run), starting from the model's
+`run_at_cutoff` (history observed before the window), and the plan solved on the job's first
+tick. It forgets both when the job clock goes back (a new run), so two runs over the same trace
+make the same decisions.
 
 Bad input (NaN, infinite or negative numbers, a zero-length window, inconsistent per-zone tuples):
-on-demand for the whole gang in the current zone (else the home zone, else the first zone),
-with a reason that starts with "fallback:" and names the bad fields. A gang size that is not a
+on-demand for the whole gang in the current zone (else the home zone, else the first zone), with
+a reason that starts with "fallback:" and names the bad fields. A gang size that is not a
 positive int cannot be sized: the fallback is then to release (hold nothing).
 """
 
@@ -51,10 +54,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from controllers.allocation_planner import (
+    ACTION_NAMES,
+    IDLE,
+    ON_DEMAND,
+    SPOT,
+    PlanInputs,
+    SlackPlan,
+    solve_plan,
+)
 from controllers.allocation_types import AllocationAction, AllocationObservation
-from controllers.preemption_risk import DOWN, UP, PreemptionRiskModel
+from controllers.preemption_risk import DOWN, POOLED_ZONE, UP, PreemptionRiskModel
 from controllers.validation import number_problem
 
+# Caps on the plan grid (steps of time, levels of slack).
+MAX_PLAN_STEPS = 1000
+MAX_PLAN_SLACK_LEVELS = 240
 # Uninformed prior when no fitted model is given: memoryless runs, 2 h up, 1 h down.
 PRIOR_MEAN_UP_S = 7200.0
 PRIOR_MEAN_DOWN_S = 3600.0
@@ -62,14 +77,10 @@ PRIOR_MEAN_DOWN_S = 3600.0
 
 @dataclass(frozen=True)
 class TrainwiseAllocationConfig:
-    # Slack kept per expected future ride, in units of the two changeovers a ride costs.
-    ride_reserve_factor: float = 1.0
-    # Candidate minimum run ages (s) for joining spot from on-demand, tried smallest first.
-    join_ages_s: tuple[float, ...] = (0.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0, 14400.0)
     # A new node set must cost this share less per unit of progress than keeping the current one.
     switch_margin: float = 0.05
-    # Leave spot early when P(preempt within `leave_horizon_ticks`) is above this and the slack
-    # above the net is under `thin_slack_ticks` ticks.
+    # Gangs: leave spot early when P(preempt within `leave_horizon_ticks`) is above this and the
+    # slack above the net is under `thin_slack_ticks` ticks (single node: the plan decides).
     leave_p_preempt: float = 0.5
     leave_horizon_ticks: float = 2.0
     thin_slack_ticks: float = 3.0
@@ -78,16 +89,27 @@ class TrainwiseAllocationConfig:
     fault_reserve_s: float | None = None
     # Spot shares of the gang tried for partial-spot node sets (N > 1).
     spot_fractions: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25)
+    # Single zone, single node: follow the slack plan (else score node sets as for many zones).
+    use_plan: bool = True
+    # Several zones or a gang: price slack and decide waiting with the composite plan (else with
+    # the closed-form budget rule of `_slack_price` and `_wait_pays`).
+    composite_plan: bool = True
+    # Plan grid: the step (the trace tick times the whole number of ticks closest to this) and
+    # the slack unit. Finer grids cost time and changed costs by under 1% on the suite.
+    plan_step_s: float = 400.0
+    plan_slack_unit_s: float = 120.0
 
     def __post_init__(self) -> None:
-        if self.ride_reserve_factor < 0 or self.switch_margin < 0:
-            raise ValueError("ride_reserve_factor and switch_margin must be >= 0")
-        if not self.join_ages_s or any(a < 0 for a in self.join_ages_s):
-            raise ValueError(f"join_ages_s={self.join_ages_s} must be non-empty and >= 0")
+        if not 0 <= self.switch_margin < 1:
+            raise ValueError(f"switch_margin={self.switch_margin} must be in [0, 1)")
         if not 0 < self.leave_p_preempt <= 1:
             raise ValueError(f"leave_p_preempt={self.leave_p_preempt} must be in (0, 1]")
-        if any(not 0 < f <= 1 for f in self.spot_fractions):
+        if not self.spot_fractions or any(not 0 < f <= 1 for f in self.spot_fractions):
             raise ValueError(f"spot_fractions={self.spot_fractions} must be in (0, 1]")
+        if self.fault_reserve_s is not None and not self.fault_reserve_s >= 0:
+            raise ValueError(f"fault_reserve_s={self.fault_reserve_s} must be >= 0 or None")
+        if not (self.plan_step_s > 0 and self.plan_slack_unit_s > 0):
+            raise ValueError("plan_step_s and plan_slack_unit_s must be positive")
 
 
 def bad_allocation_fields(obs: AllocationObservation) -> list[str]:
@@ -163,7 +185,7 @@ class _Candidate:
     price_usd_per_h: float
     launch_s: float  # seconds of changeover before it trains (0 when kept)
     age_s: float  # age of the spot run it rides (0 for on-demand)
-    score_usd_per_h: float  # expected cost per hour of progress
+    score_usd_per_h: float  # expected cost per hour of progress, slack priced in
     expected_hold_s: float
     p_end: float  # P(preempted before the job is done)
     held: bool
@@ -202,6 +224,18 @@ class _RunTracker:
         return max(0.0, now_s - known[1]) if known is not None else 0.0
 
 
+@dataclass(frozen=True)
+class _Situation:
+    """The numbers every rule of one decision shares."""
+
+    slack_s: float  # slack if on-demand had to be (re)launched now and run to the end
+    net_s: float  # slack below which only on-demand is safe
+    # Slack above the net to spend on waiting and changeovers (on on-demand, its launch is paid).
+    budget_s: float
+    mode: int  # IDLE, ON_DEMAND or SPOT (what is held now)
+    holding: bool
+
+
 class TrainwiseAllocationPolicy:
     """Hazard-aware spot/on-demand allocation with Can't Be Late's safety net (module docstring).
 
@@ -217,214 +251,290 @@ class TrainwiseAllocationPolicy:
             PRIOR_MEAN_UP_S, PRIOR_MEAN_DOWN_S, fitted_on="memoryless prior (no fitted model)")
         self.config = config or TrainwiseAllocationConfig()
         self._tracker = _RunTracker()
-        self._rides_per_h: dict[tuple[tuple[str, ...], int], float] = {}
+        self._plan: SlackPlan | None = None
+        self._plan_key: tuple | None = None
 
-    # Model summaries ----------------------------------------------------------------------------
+    def act(self, observation: AllocationObservation) -> AllocationAction:
+        problems = bad_allocation_fields(observation)
+        n = observation.node_count
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            problems.append(f"node_count={n!r} is not an int >= 1")
+        if problems:
+            return _fallback(observation, problems)
+        return self._decide(observation)
+
+    # Shared pieces ------------------------------------------------------------------------------
 
     def _levels(self, n: int) -> tuple[int, ...]:
         levels = {n} | {max(1, min(n, round(n * f))) for f in self.config.spot_fractions}
         return tuple(sorted(levels, reverse=True))
 
-    def _ride_rate_per_h(self, zones: tuple[str, ...], level: int) -> float:
-        """Expected spot runs per hour the job could ride: P(some zone up) / longest mean run."""
-        key = (zones, level)
-        if key not in self._rides_per_h:
-            none_up, longest_s = 1.0, 0.0
-            for zone in zones:
-                none_up *= 1.0 - self.model.availability_share(zone, level)
-                longest_s = max(longest_s, self.model.mean_run_s(zone, level, UP))
-            self._rides_per_h[key] = (1.0 - none_up) * 3600.0 / max(longest_s, 1.0)
-        return self._rides_per_h[key]
-
-    # The decision -------------------------------------------------------------------------------
-
-    def act(self, observation: AllocationObservation) -> AllocationAction:
-        problems = bad_allocation_fields(observation)
-        if problems or not isinstance(observation.node_count, int) or observation.node_count < 1:
-            return _fallback(observation, problems or [f"node_count={observation.node_count!r}"])
-        return self._decide(observation)
-
-    def _decide(self, obs: AllocationObservation) -> AllocationAction:
-        cfg = self.config
-        n = obs.node_count
-        levels = self._levels(n)
-        self._tracker.update(obs, levels, self.model)
-        now, tick, c = obs.time_s, obs.tick_s, obs.changeover_s
-        save = obs.checkpoint_save_s
+    def _situation(self, obs: AllocationObservation) -> _Situation:
+        cfg, n, c = self.config, obs.node_count, obs.changeover_s
         run_s = obs.remaining_run_s
-        if run_s <= 0:
-            return self._keep(obs, "work done: keep", {})
-        saves_s = math.floor(run_s / obs.checkpoint_interval_s) * save
-        # Slack if on-demand had to be (re)launched now and run to the end.
+        saves_s = math.floor(run_s / obs.checkpoint_interval_s) * obs.checkpoint_save_s
         slack_s = obs.time_left_s - (c + run_s + saves_s)
-        if save <= obs.notice_s:
-            risk_s = tick + save
+        # What a spot gang can lose before the next decision (as the peers' `spot_risk_s`).
+        if obs.checkpoint_save_s <= obs.notice_s:
+            risk_s = obs.tick_s + obs.checkpoint_save_s
         else:
-            unsaved_s = (obs.work_done_h - obs.work_checkpointed_h) / obs.work_rate_gpu_h_per_h
-            risk_s = tick + unsaved_s * 3600.0
+            unsaved_h = (obs.work_done_h - obs.work_checkpointed_h) / obs.work_rate_gpu_h_per_h
+            risk_s = obs.tick_s + unsaved_h * 3600.0
         fault_s = cfg.fault_reserve_s
         if fault_s is None:
             fault_s = (obs.checkpoint_interval_s + c) if n > 1 else 0.0
-        floor_s = risk_s + fault_s
-        held_spot, held_od = obs.spot_nodes, obs.on_demand_nodes
-        holding = obs.zone is not None and held_spot + held_od == n
-        numbers = {"slack_s": slack_s, "net_s": floor_s, "time_left_s": obs.time_left_s,
-                   "remaining_run_s": run_s}
+        holding = obs.zone is not None and obs.spot_nodes + obs.on_demand_nodes == n
+        mode = IDLE
+        if holding:
+            mode = SPOT if obs.spot_nodes > 0 else ON_DEMAND
+        paid_s = c - obs.changeover_left_s if mode == ON_DEMAND else 0.0
+        net_s = risk_s + fault_s
+        return _Situation(slack_s, net_s, slack_s + paid_s - net_s, mode, holding)
 
+    def _solve(self, obs: AllocationObservation, sit: _Situation, zone: str, zones: int,
+               hop_probability: float, spot_usd_per_h: float, od_usd_per_h: float) -> SlackPlan:
+        """The slack plan of this job (solved on its first decision, kept while it runs)."""
+        key = (obs.deadline_s, obs.work_total_h, obs.work_rate_gpu_h_per_h, obs.changeover_s,
+               obs.tick_s, obs.zones, obs.node_count, spot_usd_per_h, od_usd_per_h)
+        if self._plan is None or key != self._plan_key or obs.time_s == 0.0:
+            # Long windows get a coarser grid, so a plan stays a few MB and well under a second.
+            ticks = max(1, round(self.config.plan_step_s / obs.tick_s),
+                        math.ceil(obs.time_left_s / (MAX_PLAN_STEPS * obs.tick_s)))
+            dt = ticks * obs.tick_s
+            max_slack = max(sit.slack_s, 0.0) + obs.changeover_s + dt
+            inputs = PlanInputs(
+                dt_s=dt, steps=max(1, math.ceil(obs.time_left_s / dt)), max_slack_s=max_slack,
+                changeover_s=obs.changeover_s, save_s=obs.checkpoint_save_s,
+                spot_usd_per_h=spot_usd_per_h, on_demand_usd_per_h=od_usd_per_h,
+                slack_unit_s=max(self.config.plan_slack_unit_s, max_slack / MAX_PLAN_SLACK_LEVELS),
+                hop_probability=hop_probability, zones=zones)
+            self._plan = solve_plan(self.model, zone, obs.node_count, inputs)
+            self._plan_key = key
+        return self._plan
+
+    def _decide(self, obs: AllocationObservation) -> AllocationAction:
+        n = obs.node_count
+        self._tracker.update(obs, self._levels(n), self.model)
+        sit = self._situation(obs)
+        numbers = {"slack_s": sit.slack_s, "net_s": sit.net_s, "time_left_s": obs.time_left_s,
+                   "remaining_run_s": obs.remaining_run_s}
+        if obs.remaining_run_s <= 0:
+            return _keep(obs, "work done: keep", numbers)
+        if sit.mode == SPOT and sit.slack_s < sit.net_s:
+            return self._on_demand(obs, sit, "safety net: slack at the net, on-demand to the end",
+                                   numbers)
+        if self.config.use_plan and len(obs.zones) == 1 and n == 1:
+            return self._follow_plan(obs, sit, numbers)
+        return self._score_and_plan(obs, sit, numbers)
+
+    # Single zone, single node: the plan decides -------------------------------------------------
+
+    def _follow_plan(self, obs: AllocationObservation, sit: _Situation,
+                     numbers: dict[str, float]) -> AllocationAction:
+        n, zone, c = obs.node_count, obs.zones[0], obs.changeover_s
+        plan = self._solve(obs, sit, zone, 1, 0.0,
+                           n * obs.spot_price_usd_per_hour_by_zone[0],
+                           n * obs.on_demand_price_usd_per_hour_by_zone[0])
+        up = obs.spot_available_by_zone[0] >= n
+        age = self._tracker.age_s(zone, n, obs.time_s)
+        if sit.mode == SPOT:
+            age = max(age, obs.since_launch_s)
+        # The plan's slack counts no changeover: add back the one `slack_s` reserves.
+        action, value = plan.decide(obs.time_left_s, sit.slack_s + c, sit.mode, up, age)
+        numbers.update(plan_usd_to_end=value, run_age_s=age, spot_up=float(up),
+                       p_preempt_1h=self.model.p_preempt_within(zone, age, 3600.0,
+                                                                obs.trace_time_s, n) if up
+                       else math.nan)
+        state = (f"spot {'up' if up else 'down'} for {age / 60:.0f} min, slack "
+                 f"{sit.slack_s / 3600:.2f} h, {value:.2f} USD expected to the end")
+        if action == SPOT and up and (sit.mode == SPOT or sit.slack_s - c >= sit.net_s):
+            verb = "keep spot" if sit.mode == SPOT else "take spot"
+            return AllocationAction(zone, n, 0, None, f"plan: {verb} ({state})", numbers)
+        if action == IDLE and sit.slack_s >= sit.net_s:
+            verb = "wait for spot" if sit.mode == IDLE else "release and wait for spot"
+            return AllocationAction.release(f"plan: {verb} ({state})", numbers)
+        why = "plan" if action == ON_DEMAND else (
+            f"safety net overrides the plan's {ACTION_NAMES[action]}")
+        if sit.mode == SPOT and action == ON_DEMAND and up:
+            why = "plan: leave spot before a likely preemption"
+        verb = "keep on-demand" if sit.mode == ON_DEMAND else "on-demand"
+        return self._on_demand(obs, sit, f"{why}: {verb} ({state})", numbers)
+
+    # Several zones or a gang: score node sets, slack priced by the plan -------------------------
+
+    def _score_and_plan(self, obs: AllocationObservation, sit: _Situation,
+                        numbers: dict[str, float]) -> AllocationAction:
+        cfg, n, c = self.config, obs.node_count, obs.changeover_s
+        zones = obs.zones
         od_prices = obs.on_demand_price_usd_per_hour_by_zone
-        cheapest_od = min(od_prices) * n
-        # Rationing: how many rides the rest of the window offers, and the youngest run the
-        # budget can afford to join from on-demand.
-        budget_s = slack_s - floor_s
-        rides_per_h = self._ride_rate_per_h(obs.zones, n)
-        rides_left = rides_per_h * obs.time_left_s / 3600.0
-        # Slack every future ride would take (two changeovers each): only slack beyond it is
-        # spent waiting idle.
-        all_rides_s = 2 * c * cfg.ride_reserve_factor * rides_left
-        join_age_s = cfg.join_ages_s[-1]
-        for age in cfg.join_ages_s:
-            surviving = min((self.model.survival(z, 0.0, age, obs.trace_time_s, n)
-                             for z in obs.zones), default=1.0)
-            if all_rides_s * surviving <= budget_s:
-                join_age_s = age
-                break
-        excess_s = budget_s - all_rides_s
-        numbers.update(join_age_s=join_age_s, ride_reserve_s=all_rides_s, excess_slack_s=excess_s,
-                       rides_left=rides_left)
-
-        # Score every node set we could hold now.
-        horizon_base_s = run_s + saves_s
-        candidates: list[_Candidate] = []
-        for z, zone in enumerate(obs.zones):
-            available = obs.spot_available_by_zone[z]
-            for level in levels:
-                if available < level:
+        spot_prices = obs.spot_price_usd_per_hour_by_zone
+        shares = [self.model.availability_share(z, n) for z in zones]
+        mean_share = sum(shares) / len(shares)
+        hop = 1.0 - (1.0 - mean_share) ** (len(zones) - 1)
+        run_left_s = obs.remaining_run_s
+        # Spot node sets available now: (zone, level, run age, held).
+        raw: list[tuple[str, int, float, bool]] = []
+        for z, zone in enumerate(zones):
+            for level in self._levels(n):
+                if obs.spot_available_by_zone[z] < level:
                     continue
-                held = holding and obs.zone == zone and held_spot == level
-                launch = obs.changeover_left_s if held else c
-                age = self._tracker.age_s(zone, level, now)
+                held = sit.holding and obs.zone == zone and obs.spot_nodes == level
+                age = self._tracker.age_s(zone, level, obs.time_s)
                 if held:
                     age = max(age, obs.since_launch_s)
-                price = (level * obs.spot_price_usd_per_hour_by_zone[z]
-                         + (n - level) * od_prices[z])
-                candidates.append(self._score(obs, zone, level, price, launch, age,
-                                              horizon_base_s, cheapest_od, held))
-        if holding and held_spot == 0:
-            od_zone, od_price = obs.zone, od_prices[obs.zones.index(obs.zone)] * n
-            od_launch = obs.changeover_left_s
-        else:
-            od_zone = min(obs.zones, key=lambda zz: (od_prices[obs.zones.index(zz)],
-                                                     zz != obs.home_zone))
-            od_price, od_launch = cheapest_od, c
-        od_hold = horizon_base_s + od_launch
-        od = _Candidate(od_zone, 0, od_price, od_launch, 0.0,
-                        od_price * od_hold / max(od_hold - od_launch, 1.0), od_hold, 0.0,
-                        holding and held_spot == 0)
+                raw.append((zone, level, age, held))
+        slack_usd_per_h, hold_needed_s = self._slack_price(
+            obs, sit, hop, n * min(spot_prices), n * min(od_prices))
+        plan_action = None
+        if cfg.composite_plan:
+            plan_zone = zones[0] if len(zones) == 1 else POOLED_ZONE
+            if not self.model.has_curve(plan_zone, n):
+                plan_zone = zones[0]
+            plan = self._solve(obs, sit, plan_zone, len(zones), hop, n * min(spot_prices),
+                               n * min(od_prices))
+            up = bool(raw)
+            age = max((self.model.expected_run_s(z, a, run_left_s, obs.trace_time_s, lv), a)
+                      for z, lv, a, _ in raw)[1] if raw else 0.0
+            plan_action, value = plan.decide(obs.time_left_s, sit.slack_s + c, sit.mode, up, age)
+            slack_usd_per_h = plan.slack_value_usd_per_h(obs.time_left_s, sit.slack_s + c,
+                                                         sit.mode, up, age, c)
+            numbers["plan_usd_to_end"] = value
+        numbers.update(slack_usd_per_h=slack_usd_per_h, hold_needed_s=hold_needed_s,
+                       hop_probability=hop)
+        relaunch = n * min(od_prices)
+        candidates = [
+            self._score(obs, zone, level, level * spot_prices[zones.index(zone)]
+                        + (n - level) * od_prices[zones.index(zone)],
+                        obs.changeover_left_s if held else c, age_s, held, relaunch,
+                        slack_usd_per_h)
+            for zone, level, age_s, held in raw
+        ]
+        od = self._od_candidate(obs, sit, slack_usd_per_h)
         numbers["on_demand_usd_per_h"] = od.score_usd_per_h
-
-        # Safety net: which actions keep the deadline reachable on on-demand.
-        may_hold_spot = slack_s >= floor_s
-        may_launch_spot = slack_s - c >= floor_s
-        may_idle = slack_s >= floor_s
-        held_candidate = next((k for k in candidates if k.held), None)
-        if holding and held_spot > 0 and held_candidate is None:
-            # Held spot level no longer available (the simulator preempts at the boundary).
-            held_candidate = None
-
-        if holding and held_spot > 0 and not may_hold_spot:
-            return self._on_demand(obs, od, "safety net: slack at the net, on-demand to the end",
-                                   numbers)
-        if not may_launch_spot and not (holding and held_spot > 0) and not may_idle:
-            return self._on_demand(obs, od, "safety net: slack at the net, on-demand to the end",
-                                   numbers)
+        may_launch_spot = sit.slack_s - c >= sit.net_s
+        options = [k for k in candidates if k.held or may_launch_spot]
+        held = next((k for k in options if k.held), None)
+        if od.held:
+            held = od
+        best = min(options + [od], key=lambda k: k.score_usd_per_h)
+        if held is not None and best is not held and (
+                best.score_usd_per_h > held.score_usd_per_h * (1.0 - cfg.switch_margin)):
+            best = held  # hysteresis: a change must pay for itself by a margin
+        numbers.update(best_usd_per_h=best.score_usd_per_h, best_p_preempt=best.p_end,
+                       best_expected_hold_s=best.expected_hold_s)
 
         # (b) Leave spot before a likely preemption when the slack is thin.
-        if held_candidate is not None and held_candidate.spot > 0:
-            p_soon = self.model.p_preempt_within(
-                held_candidate.zone, held_candidate.age_s, cfg.leave_horizon_ticks * tick,
-                obs.trace_time_s, held_candidate.spot)
+        if sit.mode == SPOT and best.held and best.spot > 0:
+            p_soon = self.model.p_preempt_within(best.zone, best.age_s,
+                                                 cfg.leave_horizon_ticks * obs.tick_s,
+                                                 obs.trace_time_s, best.spot)
             numbers["p_preempt_soon"] = p_soon
-            if budget_s < cfg.thin_slack_ticks * tick and p_soon >= cfg.leave_p_preempt:
-                return self._on_demand(
-                    obs, od, f"slack thin and P(preempt within {cfg.leave_horizon_ticks:g} "
-                    f"ticks)={p_soon:.2f}: leave spot for on-demand", numbers)
+            if (sit.slack_s - sit.net_s < cfg.thin_slack_ticks * obs.tick_s
+                    and p_soon >= cfg.leave_p_preempt):
+                return self._on_demand(obs, sit, (
+                    f"slack thin and P(preempt within {cfg.leave_horizon_ticks:g} ticks)="
+                    f"{p_soon:.2f}: leave spot for on-demand"), numbers)
 
-        # Spot candidates worth riding: cheaper per unit of progress than on-demand.
-        on_od = holding and held_spot == 0
-        spot_options = []
-        for k in candidates:
-            if k.held:
-                spot_options.append(k)
-                continue
-            if not may_launch_spot:
-                continue
-            if on_od and k.age_s < join_age_s:
-                continue  # rationed: too young a run to pay two changeovers of slack
-            spot_options.append(k)
-        spot_options = [k for k in spot_options if k.score_usd_per_h < od.score_usd_per_h]
-        best = min(spot_options, key=lambda k: k.score_usd_per_h, default=None)
-        if best is not None:
-            numbers.update(best_usd_per_h=best.score_usd_per_h, best_age_s=best.age_s,
-                           best_p_preempt=best.p_end, best_expected_hold_s=best.expected_hold_s)
-        if held_candidate is not None:
-            numbers["keep_usd_per_h"] = held_candidate.score_usd_per_h
-            if best is None or best is held_candidate or (
-                    best.score_usd_per_h > held_candidate.score_usd_per_h
-                    * (1.0 - cfg.switch_margin)):
-                return self._keep(obs, (
-                    f"keep {held_candidate.spot} spot in {held_candidate.zone}: "
-                    f"{held_candidate.score_usd_per_h:.2f} USD/h of progress vs on-demand "
-                    f"{od.score_usd_per_h:.2f}"), numbers)
-        if best is not None and (not on_od or best.score_usd_per_h
-                                 < od.score_usd_per_h * (1.0 - cfg.switch_margin)):
-            what = "move to" if holding else "launch"
-            return AllocationAction(
-                best.zone, best.spot, n - best.spot, None,
-                f"{what} {best.spot} spot in {best.zone}: run age {best.age_s / 60:.0f} min, "
-                f"P(preempt before done)={best.p_end:.2f}, {best.score_usd_per_h:.2f} USD/h of "
-                f"progress vs on-demand {od.score_usd_per_h:.2f}", numbers)
+        plan_text = (f"slack {sit.slack_s / 3600:.2f} h worth {slack_usd_per_h:.2f} USD/h: "
+                     f"rides must last {hold_needed_s / 3600:.2f} h")
+        if plan_action is not None:
+            if plan_action == IDLE and sit.slack_s >= sit.net_s + obs.tick_s and not (
+                    best.spot and best.held):
+                verb = "wait for spot" if not sit.holding else "release and wait for spot"
+                return AllocationAction.release(f"{verb}: the plan waits; {plan_text}", numbers)
+            if plan_action == ON_DEMAND and not (best.spot and best.held):
+                best = od
+        elif best.spot == 0 and not od.held and sit.slack_s >= sit.net_s + obs.tick_s:
+            wait, gap_s = self._wait_pays(obs, slack_usd_per_h, n * min(od_prices), run_left_s)
+            numbers["expected_wait_s"] = gap_s
+            if wait:
+                verb = "wait for spot" if not sit.holding else "release and wait for spot"
+                return AllocationAction.release(
+                    f"{verb}: spot expected back in {gap_s / 3600:.2f} h; {plan_text}", numbers)
+        if best.spot == 0:
+            if not may_launch_spot and not od.held:
+                return self._on_demand(obs, sit, "safety net: on-demand to the end", numbers)
+            verb = "keep on-demand" if od.held else "on-demand"
+            return self._on_demand(obs, sit, (
+                f"{verb}: {od.score_usd_per_h:.2f} USD per hour of progress beats every spot "
+                f"set; {plan_text}"), numbers)
+        verb = "keep" if best.held else ("move to" if sit.holding else "launch")
+        return AllocationAction(best.zone, best.spot, n - best.spot, None, (
+            f"{verb} {best.spot} spot + {n - best.spot} on-demand in {best.zone}: run age "
+            f"{best.age_s / 60:.0f} min, P(preempt before done)={best.p_end:.2f}, "
+            f"{best.score_usd_per_h:.2f} USD per hour of progress vs on-demand "
+            f"{od.score_usd_per_h:.2f}; {plan_text}"), numbers)
 
-        # No spot worth riding: wait with excess slack, else on-demand.
-        if on_od:
-            # Releasing then relaunching costs a changeover: only with slack to spare.
-            if may_idle and excess_s >= 2 * c + tick:
-                return AllocationAction.release(
-                    f"no spot worth riding; {excess_s / 3600:.2f} h of slack beyond the ride "
-                    "reserve: release on-demand and wait", numbers)
-            return self._keep(obs, "no spot worth riding; slack kept for rides: keep on-demand",
-                              numbers)
-        if may_idle and excess_s >= tick:
-            if holding:
-                return AllocationAction.release(
-                    "spot lost its worth; slack to spare: release and wait", numbers)
-            return AllocationAction.release(
-                f"no spot worth riding; {excess_s / 3600:.2f} h of slack beyond the ride "
-                "reserve: wait", numbers)
-        return self._on_demand(obs, od, "no spot worth riding and no slack to wait: on-demand",
-                               numbers)
+    def _slack_price(self, obs: AllocationObservation, sit: _Situation, hop: float,
+                     spot_usd_per_h: float, od_usd_per_h: float) -> tuple[float, float]:
+        """(USD per hour of slack, the hold a ride must average): each ride costs one changeover
+        of slack (a hop) or two (on-demand in between); for the slack left above the net to last
+        the rest of the window, rides must average `hold` = slack per ride x time left / slack.
+        The price makes a ride of exactly that hold break even against on-demand."""
+        per_ride_s = obs.changeover_s * (2.0 - hop)
+        budget_s = max(sit.budget_s, 1.0)
+        hold_s = per_ride_s * obs.time_left_s / budget_s
+        saving = (od_usd_per_h - spot_usd_per_h) * hold_s - od_usd_per_h * per_ride_s
+        return max(0.0, saving / per_ride_s), hold_s
+
+    def _wait_pays(self, obs: AllocationObservation, slack_usd_per_h: float,
+                   od_usd_per_h: float, horizon_s: float) -> tuple[bool, float]:
+        """Waiting idle vs on-demand while no spot is worth riding: waiting eats the expected
+        gap of slack; on-demand eats one more changeover and bills the gap. (wait?, gap_s)."""
+        level = self._levels(obs.node_count)[-1]  # the smallest spot share tried
+        if any(a >= level for a in obs.spot_available_by_zone):
+            return False, 0.0  # spot is there but not worth riding: waiting would not change it
+        gap_s = min(
+            self.model.expected_run_s(z, self._tracker.age_s(z, level, obs.time_s), horizon_s,
+                                      obs.trace_time_s, level, DOWN)
+            for z in obs.zones)
+        c = obs.changeover_s
+        spot_usd_per_h = obs.node_count * min(obs.spot_price_usd_per_hour_by_zone)
+        # On-demand: a changeover of slack and of billing, and the gap's work done at the
+        # on-demand premium instead of on spot later.
+        wait_usd = slack_usd_per_h * gap_s
+        od_usd = (slack_usd_per_h + od_usd_per_h) * c + (od_usd_per_h - spot_usd_per_h) * gap_s
+        return wait_usd <= od_usd, gap_s
 
     def _score(self, obs: AllocationObservation, zone: str, level: int, price: float,
-               launch_s: float, age_s: float, horizon_base_s: float, relaunch_usd_per_h: float,
-               held: bool) -> _Candidate:
+               launch_s: float, age_s: float, held: bool, relaunch_usd_per_h: float,
+               slack_usd_per_h: float) -> _Candidate:
         """Expected cost per hour of progress of holding (zone, level spot) until preempted or
-        done, including its changeover, the notice save and the restart after a preemption."""
-        horizon = horizon_base_s + launch_s
+        done: price x expected hold, the restart after a preemption (a changeover on on-demand),
+        and the slack its changeovers eat (priced by the plan), over the expected progress."""
+        horizon = obs.remaining_run_s + launch_s
         hold_s = self.model.expected_run_s(zone, age_s, horizon, obs.trace_time_s, level)
         p_end = 1.0 - self.model.survival(zone, age_s, horizon, obs.trace_time_s, level)
         progress_s = hold_s - launch_s - p_end * obs.checkpoint_save_s
-        cost = price * hold_s + p_end * obs.changeover_s * relaunch_usd_per_h
-        score = cost / progress_s if progress_s > 1.0 else math.inf
+        slack_used_s = launch_s + p_end * obs.changeover_s
+        cost = (price * hold_s + p_end * obs.changeover_s * relaunch_usd_per_h
+                + slack_usd_per_h * slack_used_s) / 3600.0
+        score = cost * 3600.0 / progress_s if progress_s > 1.0 else math.inf
         return _Candidate(zone, level, price, launch_s, age_s, score, hold_s, p_end, held)
 
-    @staticmethod
-    def _keep(obs: AllocationObservation, reason: str, numbers: dict[str, float]
-              ) -> AllocationAction:
-        return AllocationAction(obs.zone, obs.spot_nodes, obs.on_demand_nodes, None, reason,
-                                numbers)
+    def _od_candidate(self, obs: AllocationObservation, sit: _Situation,
+                      slack_usd_per_h: float) -> _Candidate:
+        n = obs.node_count
+        od_prices = obs.on_demand_price_usd_per_hour_by_zone
+        if sit.mode == ON_DEMAND:
+            zone, launch = obs.zone, obs.changeover_left_s
+        else:
+            zone = min(obs.zones, key=lambda z: (od_prices[obs.zones.index(z)],
+                                                 z != obs.zone, z != obs.home_zone))
+            launch = obs.changeover_s
+        price = od_prices[obs.zones.index(zone)] * n
+        hold = obs.remaining_run_s + launch
+        cost = price * hold + slack_usd_per_h * launch
+        return _Candidate(zone, 0, price, launch, 0.0, cost / max(hold - launch, 1.0), hold,
+                          0.0, sit.mode == ON_DEMAND)
 
-    @staticmethod
-    def _on_demand(obs: AllocationObservation, od: _Candidate, reason: str,
+    def _on_demand(self, obs: AllocationObservation, sit: _Situation, reason: str,
                    numbers: dict[str, float]) -> AllocationAction:
-        if od.held:
+        if sit.mode == ON_DEMAND:
             return AllocationAction(obs.zone, 0, obs.node_count, None, reason, numbers)
+        od = self._od_candidate(obs, sit, 0.0)
         return AllocationAction(od.zone, 0, obs.node_count, None, reason, numbers)
+
+
+def _keep(obs: AllocationObservation, reason: str, numbers: dict[str, float]) -> AllocationAction:
+    return AllocationAction(obs.zone, obs.spot_nodes, obs.on_demand_nodes, None, reason, numbers)

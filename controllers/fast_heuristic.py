@@ -34,7 +34,6 @@ bad values.
 from __future__ import annotations
 
 import dataclasses
-
 import math
 from dataclasses import dataclass, field
 

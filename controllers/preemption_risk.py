@@ -159,7 +159,7 @@ class PreemptionRiskModel:
     ) -> None:
         if not curves:
             raise ValueError("a PreemptionRiskModel needs at least one hazard curve")
-        for state, zone, nodes in curves:
+        for state, _zone, nodes in curves:
             if state not in STATES:
                 raise ValueError(f"curve state {state!r} must be one of {STATES}")
             if not isinstance(nodes, int) or nodes < 1:
@@ -204,6 +204,11 @@ class PreemptionRiskModel:
                 "on; fit the model with that zone or with a pooled curve"
             )
         return self.curves[(state, found[0], found[1])]
+
+    def has_curve(self, zone: str, spot_nodes: int = 1) -> bool:
+        """True when `zone` has its own curves (both states) at some level (no pooled
+        fallback needed)."""
+        return all(self._level(state, zone, spot_nodes) is not None for state in STATES)
 
     def _phase_s(self, trace_time_s: float) -> float:
         return (trace_time_s + self.utc_offset_s) % DAY_S

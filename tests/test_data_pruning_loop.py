@@ -186,4 +186,5 @@ def test_a_new_curriculum_version_is_picked_up_at_a_fast_tick(tmp_path):
     epoch_record = epochs(records)[1]
     assert epoch_record["curriculum_version"] == curriculum.version
     reasons = {group["reason"]: len(group["ids"]) for group in epoch_record["skipped"]}
-    assert reasons[f"not in curriculum {curriculum.version}"] == n_train - len(curriculum.example_ids)
+    outside = n_train - len(curriculum.example_ids)
+    assert reasons[f"not in curriculum {curriculum.version}"] == outside

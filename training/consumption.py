@@ -74,7 +74,8 @@ class ConsumptionWriter:
         # Hot path (once per micro batch): build the line by hand, json.dumps of a dict with two
         # lists costs about twice as much.
         id_text = ",".join(map(str, ids.tolist()))
-        weight_text = ",".join(f"{w:.6g}" for w in weights.tolist())
+        values = weights.tolist()
+        weight_text = ",".join(map(repr, values))  # repr: the shortest exact float text
         line = (f'{{"type":"batch","step":{step},"epoch":{epoch},"ids":[{id_text}],'
                 f'"weights":[{weight_text}]}}')
         self._buffer.append(line)

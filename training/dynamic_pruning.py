@@ -1,4 +1,4 @@
-"""Dynamic data pruning: the per-epoch draw, its inputs (scores, rate) and where the rate comes from.
+"""Dynamic data pruning: the per-epoch draw, its inputs (scores, rate), where the rate comes from.
 
 InfoBatch (Qin, Wang, Zheng et al., "InfoBatch: Lossless Training Speed Up by Unbiased Dynamic Data
 Pruning", ICLR'24, Alg. 1 and github.com/NUS-HPC-AI-Lab/InfoBatch): keep a table of every train
@@ -63,7 +63,7 @@ class DynamicPruningConfig:
     pruning_rate: float = 0.5
     """initial rate r in [0, 1): share of the below-mean examples left out (InfoBatch default)"""
     anneal_fraction: float = 0.125
-    """epochs that end in the last share of the budget use full data at weight 1 (InfoBatch: 1-0.875)"""
+    """epochs ending in this last share of the budget use full data, weight 1 (InfoBatch: 0.125)"""
     initial_scores: ScoreTable | None = None
     """first score table (difficulty_scores); None = all equal, so epoch 0 is full data"""
     control_path: Path | None = None
@@ -73,7 +73,7 @@ class DynamicPruningConfig:
     slow_every_steps: int = 100
     """steps between in-process slow ticks (only with slow_policy)"""
     record_consumption: bool = True
-    """write <telemetry>/<run_id>/consumption.jsonl (which step saw which example, what was skipped)"""
+    """write <telemetry>/<run_id>/consumption.jsonl (what each step saw, what each epoch skipped)"""
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -188,7 +188,8 @@ def tag_scores(table: ScoreTable, model_fingerprint: str) -> ScoreTable:
     """The table with the scoring model's fingerprint in its `scorer`, so that a run can tell
     scores of its own model from a stale checkpoint of another (see `check_initial_scores`)."""
     if not re.fullmatch(r"[0-9a-f]{64}", model_fingerprint or ""):
-        raise ValueError("model_fingerprint must be 64 hex digits (training.model.model_fingerprint)")
+        raise ValueError("model_fingerprint must be 64 hex digits "
+                         "(training.model.model_fingerprint)")
     scorer = _FINGERPRINT_TAG.sub("", table.scorer).strip()
     return ScoreTable(**{**table.__dict__, "scorer": f"{scorer} fingerprint={model_fingerprint}"})
 

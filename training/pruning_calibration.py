@@ -2,10 +2,17 @@
 
 `benchmarks.data` (`trainwise bench data`) trains the char GPT on tinyshakespeare and the CNN on
 MNIST with full data and with trainwise's slow-policy-driven pruning, and writes
-`benchmarks/results/pruning_calibration.json`: per dataset, the sample passes the pruning run
-needed to first reach the full-data run's final eval loss, as a fraction of the full-data run's
-(mean over seeds; the source runs are named in the file). A simulator multiplies a job's work by
-`work_fraction(dataset)` so that savings from pruning in simulation are the measured ones.
+`benchmarks/results/pruning_calibration.json`, per dataset (mean over seeds, source runs named):
+
+- `work_fraction`: the sample passes the trainwise run spent over the same epochs as the
+  full-data run, as a share of the full-data run's, for seeds that ended at full-data quality
+  (final eval loss within 1%, accuracy within 0.3 points); other seeds count 1.0. It is the work
+  a job that runs the same schedule needs, which is what `work_fraction(dataset)` returns;
+- `first_reach_vs_full`: passes to first reach the full-data final eval loss over the passes the
+  full-data run itself needed (noisy when the full-data curve plateaus early).
+
+A simulator multiplies a job's work by `work_fraction(dataset)`, so that savings from pruning in
+simulation are the measured ones.
 
 When the file is missing the answer is 1.0 (no saving assumed), with a warning that says how to
 produce it. The file is read, never written, here.

@@ -391,8 +391,9 @@ class DynamicPruningSampler:
         groups = [("shard", self.examples.shard_index[pool])]
         if self.examples.kind == "image" and self.examples.labels is not None:
             groups.append(("class", self.examples.labels[pool]))
-        draw = draw_epoch(method=self.config.method, pool_scores=self._scores[self._table_index[pool]],
-                          rate=self.rate, rng=self._rng, anneal=anneal, groups=tuple(groups))
+        draw = draw_epoch(method=self.config.method,
+                          pool_scores=self._scores[self._table_index[pool]], rate=self.rate,
+                          rng=self._rng, anneal=anneal, groups=tuple(groups))
         kept = pool[draw.kept]
         weights = base[draw.kept] * draw.weights
         order = self._rng.permutation(len(kept))
@@ -529,7 +530,8 @@ class DynamicPruningSampler:
                              "from an earlier checkpoint")
         self._scores = scores.copy()
         self.rate = float(state["rate"])
-        self.phase, self.epoch, self.cursor = state["phase"], int(state["epoch"]), int(state["cursor"])
+        self.phase = state["phase"]
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
         self._order = None if state["order"] is None else np.asarray(state["order"]).copy()
         self._weights = None if state["weights"] is None else np.asarray(state["weights"]).copy()
         self._rng.bit_generator.state = state["rng_state"]

@@ -170,7 +170,8 @@ def run_training(
     duckdb_path: Path,
     progress: bool = False,
 ) -> RunSummary:
-    from telemetry import reader, store as telemetry_store
+    from telemetry import reader
+    from telemetry import store as telemetry_store
     from training import curriculum as curriculum_lib
     from training import loop, shards
 

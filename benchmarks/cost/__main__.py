@@ -23,6 +23,7 @@ from benchmarks.cost.suite import (
 )
 from benchmarks.results_io import provenance, write_results
 from cloud.policy_registry import policy_names
+from cloud.risk_fit import PROTOCOL
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results"
 SWEEP_FOLDER = "availability-1node-aws-2023-02"
@@ -46,6 +47,18 @@ scenarios: the zones of one folder with the same node shape; each zone in turn i
 (single-zone policies stay there; skypilot_failover moves). Prices: p3.2xlarge on-demand 3.06 and
 spot 0.9731 USD/h (the Can't Be Late paper); other types AWS list price and the June 2025 Spot
 Advisor saving of their region."""
+
+
+TRAINWISE_NOTES = (
+    "trainwise_heuristic (`controllers/allocation_heuristic.py`) gets, per scenario, a hazard "
+    f"model fitted by `cloud/risk_fit.py` with this protocol: {PROTOCOL}. The fit never reads "
+    "the scored window or anything after it in the same traces (a test pins it). Its design "
+    "and its few settings (plan grid, switch margin, spot shares) were chosen by looking at "
+    "this same suite: they were not tuned on held-out folders. Goals (issue 4), all deadlines "
+    "met: single-zone at least 10% cheaper than uniform_progress on the same windows (ratio of "
+    "mean costs); multi-zone mean cost / oracle at most 1.10. `oracle vs uniform_progress` is "
+    "the best any policy could reach on the same windows."
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -139,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "summary": summary,
         "by_folder": report.by_folder(outcomes, policies),
+        "trainwise_goals": report.trainwise_goals(outcomes),
+        "trainwise_notes": TRAINWISE_NOTES,
         "up_vs_greedy": report.up_vs_greedy(summary),
         "sweep_folder": SWEEP_FOLDER,
         "sweep": report.sweep_points(sweep_outcomes, policies, SINGLE_NODE.train_h),

@@ -95,6 +95,64 @@ def by_folder(outcomes: list[ScenarioOutcome], policies: tuple[str, ...]) -> lis
     return rows
 
 
+TRAINWISE = "trainwise_heuristic"
+BASELINE = "uniform_progress"
+
+
+def trainwise_goals(outcomes: list[ScenarioOutcome]) -> list[dict[str, Any]]:
+    """trainwise_heuristic against issue 4's goals per setting, kind and folder, all deadlines
+    met: single-zone, mean cost at least 10% under uniform_progress on the same windows;
+    multi-zone, mean cost / oracle at most 1.10. Also the oracle's own ratio to uniform_progress
+    (the best any policy could reach). Empty when either policy did not run."""
+    rows = []
+    keys = sorted({(o.scenario.setting.name, o.scenario.kind, o.scenario.folder) for o in outcomes})
+    for setting, kind, folder in keys:
+        group = [
+            o for o in outcomes
+            if (o.scenario.setting.name, o.scenario.kind, o.scenario.folder)
+            == (setting, kind, folder)
+        ]
+        if any(TRAINWISE not in o.results or BASELINE not in o.results for o in group):
+            return []
+        tw = np.array([o.results[TRAINWISE]["cost_usd"] for o in group])
+        up = np.array([o.results[BASELINE]["cost_usd"] for o in group])
+        oracle = np.array([o.oracle_met_usd for o in group])
+        met = float(np.mean([o.results[TRAINWISE]["deadline_met"] for o in group]))
+        vs_up = float(tw.mean() / up.mean())
+        vs_oracle = float(np.mean(tw / oracle))
+        goal = vs_up <= 0.90 if kind == "single_zone" else vs_oracle <= 1.10
+        rows.append({
+            "setting": setting, "kind": kind, "folder": folder, "scenarios": len(group),
+            "trainwise_mean_usd": float(tw.mean()), "uniform_progress_mean_usd": float(up.mean()),
+            "oracle_mean_usd": float(oracle.mean()), "vs_uniform_progress": vs_up,
+            "vs_uniform_progress_mean_ratio": float(np.mean(tw / up)),
+            "oracle_vs_uniform_progress": float(oracle.mean() / up.mean()),
+            "vs_oracle_mean": vs_oracle, "deadlines_met": met,
+            "goal": "cost <= 0.90 x uniform_progress" if kind == "single_zone"
+            else "cost / oracle <= 1.10",
+            "goal_met": bool(goal and met == 1.0),
+        })
+    return rows
+
+
+def goals_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| setting | kind | folder | scenarios | trainwise USD | vs uniform_progress (ratio of "
+        "means; mean of ratios) | oracle vs uniform_progress | vs oracle | deadlines met | goal "
+        "| met |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['setting']} | {r['kind']} | {r['folder']} | {r['scenarios']} | "
+            f"{r['trainwise_mean_usd']:.2f} | {r['vs_uniform_progress']:.3f}; "
+            f"{r['vs_uniform_progress_mean_ratio']:.3f} | {r['oracle_vs_uniform_progress']:.3f} | "
+            f"{r['vs_oracle_mean']:.3f} | {r['deadlines_met']:.0%} | {r['goal']} | "
+            f"{'yes' if r['goal_met'] else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
 def sweep_points(
     outcomes: list[ScenarioOutcome], policies: tuple[str, ...], train_h: float
 ) -> list[dict]:
@@ -219,6 +277,15 @@ def render_markdown(payload: dict[str, Any], policies: tuple[str, ...]) -> str:
                 "",
                 folder_table(payload["by_folder"], setting["name"], kind, policies),
             ]
+    if payload.get("trainwise_goals"):
+        parts += [
+            "",
+            "## trainwise_heuristic against its goals, per trace folder",
+            "",
+            payload.get("trainwise_notes", ""),
+            "",
+            goals_table(payload["trainwise_goals"]),
+        ]
     parts += ["", "## Does uniform_progress beat greedy_spot at 100% deadlines met?", ""]
     parts += payload["up_vs_greedy"]
     parts += [

@@ -36,7 +36,6 @@ import numpy as np
 from cloud.faults import FaultSampler, load_fault_trace
 from cloud.oracle import hindsight_optimum
 from cloud.policy_registry import make_policy, policy_names
-from cloud.risk_fit import AvailabilityHistory, fit_risk_model, folder_histories
 from cloud.prices import (
     CANT_BE_LATE_ON_DEMAND_USD_PER_HOUR,
     CANT_BE_LATE_SPOT_USD_PER_HOUR,
@@ -45,6 +44,7 @@ from cloud.prices import (
     on_demand_price,
     spot_price_from_advisor,
 )
+from cloud.risk_fit import AvailabilityHistory, fit_risk_model, folder_histories
 from cloud.simulator import ClusterRules, JobSpec, Market, market_from_traces, simulate
 from cloud.stragglers import StragglerSampler, load_step_inflation
 from cloud.traces import SpotTrace, group_by_shape, load_folder, scaled_availability
@@ -371,7 +371,7 @@ _RISK_MODELS: dict[tuple, PreemptionRiskModel] = {}
 ALL_FOLDERS = (*SINGLE_NODE_FOLDERS, MULTI_NODE_FOLDER)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _folder_histories(folder: str) -> tuple[AvailabilityHistory, ...]:
     return tuple(folder_histories(folder))
 

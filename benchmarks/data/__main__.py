@@ -27,18 +27,22 @@ STEM = "data"
 PLOT_NAME = "data_eval_loss_vs_samples.png"
 CALIBRATION_NAME = "pruning_calibration.json"
 
-BUDGET = f"""Budget: the same number of epochs for every method, with the same learning-rate schedule
-over epochs (linear warmup, cosine to lr/10). A pruned epoch counts as one epoch but costs fewer
+BUDGET = f"""\
+Budget: the same number of epochs for every method, with the same learning-rate schedule over
+epochs (linear warmup, cosine to lr/10). A pruned epoch counts as one epoch but costs fewer
 sample passes (a left-out example is not forward-passed): this is InfoBatch's protocol, so the
 full-data run's sample passes are the budget and a pruning method's saving is the share it did
-not spend. `to reach full-data loss`: sample passes at the first evaluation whose eval loss is
-at or below the final eval loss of the full-data run with the same seed, as a share of the
-full-data budget; a seed that never gets there counts 1.0 (no saving). Evaluations every
-`eval_every_steps` optimizer steps (the resolution of that figure) and at the end. Pruning rate
-{PRUNING_RATE} (InfoBatch's default; the trainwise policy's maximum); anneal: epochs that end in
-the last {ANNEAL_FRACTION} of the budget train on full data. Sampler overhead: time in the
-dynamic sampler (draws, loss table, consumption record, control file, slow tick) less the time
-the plain sampler takes for the same batches, as a share of the run's training-step time."""
+not spend. First reach of the full-data loss: sample passes at the first evaluation whose eval
+loss is at or below the final eval loss of the full-data run with the same seed, as a share of
+the full-data budget, and relative to the sample passes the full-data run itself needed to
+first get there (the goal's measure: "fewer sample passes to reach the full-data loss"); a
+seed that never gets there counts 1.0 (no saving). Evaluations every `eval_every_steps`
+optimizer steps (the resolution of that figure) and at the end. Pruning rate {PRUNING_RATE}
+(InfoBatch's default; the trainwise policy's maximum); anneal: epochs that end in the last
+{ANNEAL_FRACTION} of the budget train on full data. Sampler overhead: time in the dynamic
+sampler (draws, loss table, consumption record, control file, slow tick) less the time the
+plain sampler takes for the same batches, as a share of the run's training-step time. Wall
+times are of 2 runs in parallel on a 2-core machine shared with other work: indicative only."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -49,13 +53,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--work", type=Path, default=None,
                         help="folder for shards and runs (default: <TRAINWISE_HOME>/bench/data; "
                              "quick: a temporary folder)")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds per method (default 3; quick 1)")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="seeds per method (default 3; quick 1)")
     parser.add_argument("--jobs", type=int, default=None,
-                        help="parallel worker processes, one torch thread each (default 2; quick 1)")
+                        help="parallel worker processes, one torch thread each "
+                             "(default 2; quick 1)")
     parser.add_argument("--methods", default=",".join(METHODS),
                         help=f"comma-separated (default all: {','.join(METHODS)}; needs full)")
     parser.add_argument("--datasets", default=None,
                         help="comma-separated partitions (default tinyshakespeare,mnist)")
+    parser.add_argument("--render-only", action="store_true",
+                        help="no training: recompute the summary, table, plot and calibration "
+                             "from the runs stored in <out>/data.json (keeps its provenance)")
     return parser.parse_args(argv)
 
 
@@ -80,9 +89,17 @@ def render_markdown(payload: dict[str, Any]) -> str:
                       "eval curve is flat and noisy over the rest, so the budget is longer than "
                       "this model needs and first-reach shares of the budget mostly measure "
                       "noise; the column relative to full data's own first reach (used for the "
-                      "goals and the calibration) compares like with like."), ""]
+                      "goals) compares like with like."), ""]
         for row in (r for r in rows if r["dataset"] == name and r["method"] != "full"):
             parts.append(_goal_line(row))
+        shares = ", ".join(
+            f"{r['method']} {r['same_quality_fraction_mean']:.3f} ± "
+            f"{r['same_quality_fraction_std']:.3f}"
+            for r in rows if r["dataset"] == name and r["method"] != "full")
+        parts += ["", f"Work at full-data quality over the same epochs (share of the full-data "
+                      f"budget; a seed whose final loss is more than 1% above, or accuracy more "
+                      f"than 0.3 points below, its full-data run counts 1.0): {shares}. The "
+                      f"trainwise figure is the simulator's calibration."]
         parts.append("")
         parts.append(_pruning_line(rows, name, spec["epochs"]))
         parts.append("")
@@ -96,11 +113,13 @@ def _goal_line(row: dict[str, Any]) -> str:
     goal = row["goal"]
     checks = [(f"≥40% fewer sample passes to the full-data loss: "
               f"{'yes' if goal['fewer_samples_40pct'] else 'no'} "
-              f"({1 - row['work_fraction_mean']:.0%} fewer)"),
+              f"({row['reach_vs_full_mean']:.2f}x the full-data run's passes to first reach "
+              f"it)"),
               (f"final loss within 1%: {'yes' if goal['loss_within_1pct'] else 'no'} "
               f"({row['loss_vs_full_rel']:+.2%})")]
     if goal["accuracy_within_0p3"] is not None:
-        checks.append(f"accuracy within 0.3 points: {'yes' if goal['accuracy_within_0p3'] else 'no'}")
+        within = "yes" if goal["accuracy_within_0p3"] else "no"
+        checks.append(f"accuracy within 0.3 points: {within}")
     if goal["beats_random"] is not None:
         checks.append(f"lower final loss than random: {'yes' if goal['beats_random'] else 'no'}")
     return f"- **{row['method']}**: " + "; ".join(checks) + "."
@@ -124,33 +143,72 @@ def limits(rows: list[dict[str, Any]], specs: list[dict[str, Any]]) -> list[str]
     lines = []
     for spec in specs:
         name, epochs = spec["name"], spec["epochs"]
-        info = next((r for r in rows if r["dataset"] == name and r["method"] == "infobatch"), None)
-        if info is None or info["pruned_epoch_skip_share_mean"] is None:
+        by_method = {r["method"]: r for r in rows if r["dataset"] == name}
+        info, full = by_method.get("infobatch"), by_method.get("full")
+        if info is None or full is None or info["pruned_epoch_skip_share_mean"] is None:
             continue
         prunable = info["pruned_epochs_per_run"]
         ceiling = prunable * info["pruned_epoch_skip_share_mean"] / epochs
         lines.append(
-            f"- {name}: of {epochs} epochs, epoch 0 trains on full data (no losses yet: equal "
-            f"scores for InfoBatch, no eval for the trainwise guard) and the anneal takes the "
-            f"last; {prunable:.1f} epochs are pruned, each leaving out rate x share below the mean "
-            f"= {info['pruned_epoch_skip_share_mean']:.1%} of the examples. The saving at the "
-            f"same epochs is therefore at most {ceiling:.1%} at rate {PRUNING_RATE}; measured "
-            f"{1 - info['samples_share_mean']:.1%}. InfoBatch's ~40% comes from 200-epoch runs "
-            "in which almost every example is well learned (far more than half below the mean).")
+            f"- {name}, the epoch structure: of {epochs} epochs, epoch 0 trains on full data "
+            f"(no losses yet: equal scores for InfoBatch, no eval for the trainwise guard) and "
+            f"the anneal takes the last; {prunable:.1f} are pruned, each leaving out rate x share "
+            f"below the mean = {info['pruned_epoch_skip_share_mean']:.1%} of the examples, so the "
+            f"saving at the same epochs is at most {ceiling:.1%} at rate {PRUNING_RATE} "
+            f"(measured {1 - info['samples_share_mean']:.1%}). InfoBatch's ~40% comes from "
+            "200-epoch runs in which nearly every example is well learned.")
+        random = by_method.get("random")
+        if full["budget_fraction_mean"] < 0.9:
+            lines.append(
+                f"- {name}, a redundant budget: the full-data run first reaches its own final "
+                f"loss at {full['budget_fraction_mean']:.0%} of the budget; every pruning method "
+                f"ends at full-data quality with {info['samples_share_mean']:.0%} of the passes or "
+                "more, but "
+                + ("random pruning does as well as InfoBatch (final eval loss "
+                   f"{random['final_eval_loss_mean']:.4f} vs {info['final_eval_loss_mean']:.4f}): "
+                   "the saving comes from fewer passes over a model that has converged, not from "
+                   "choosing examples; a shorter full-data budget would save as much"
+                   if random is not None
+                   and random["final_eval_loss_mean"] <= info["final_eval_loss_mean"]
+                   else "a shorter full-data budget would save a similar share")
+                + f". The seed-to-seed spread of the full-data final eval loss "
+                f"({full['final_eval_loss_std'] / full['final_eval_loss_mean']:.0%} of its mean) "
+                "is larger than the 1% quality bar, so at 3 seeds the final-loss differences "
+                "between methods are not significant.")
+        else:
+            lines.append(
+                f"- {name}, an underfit model: the full-data run improves until its last "
+                f"evaluation, so every pass left out costs loss: "
+                + ", ".join(f"{m} {by_method[m]['loss_vs_full_rel']:+.2%} at "
+                            f"{by_method[m]['samples_share_mean']:.0%} of the passes"
+                            for m in ("random", "infobatch", "trainwise") if m in by_method)
+                + ". Per sample pass the pruned runs learn no faster than full data (final "
+                "eval loss against the full-data run's after as many passes: "
+                + ", ".join(f"{m} {by_method[m]['loss_vs_full_same_passes_mean']:+.2%}"
+                            for m in ("random", "infobatch", "trainwise") if m in by_method)
+                + "): they stop sooner. Loss-based selection does not beat random selection "
+                "here: per-example losses are close together, so a below-mean example is not a "
+                "learned one.")
+        trainwise = by_method.get("trainwise")
+        if trainwise is not None and trainwise["pruned_epoch_rate_mean"] is not None:
+            lines.append(
+                f"- {name}, the trainwise policy: mean rate {trainwise['pruned_epoch_rate_mean']:.2f}"
+                f" in the epochs it pruned (the rate scales with the loss table's std/mean over "
+                "0.5 and halves on a flat or rising eval curve), so it saves "
+                f"{1 - trainwise['samples_share_mean']:.0%} of the passes at "
+                f"{trainwise['loss_vs_full_rel']:+.2%} final loss.")
     lines.append(
         "- Reaching the full-data loss early is limited by the schedule: every method anneals "
         "its learning rate over the same epochs, so the eval loss falls fastest at the end for "
-        "all of them, and a pruned run reaches the full-data final loss (if at all) near its own "
-        "end; the share of the budget it needs is then close to its share of sample passes.")
-    lines.append(
-        "- The trainwise policy scales its rate by the loss table's dispersion (std/mean over "
-        "0.5) and halves it on a flat eval curve: on the char GPT the per-chunk losses are "
-        "close together, so it prunes little; it trades saving for the quality guard.")
+        "all of them; a pruned run of an underfit model reaches the full-data final loss, if at "
+        "all, only at its own end.")
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render_only:
+        return render_only(args.out, argv)
     started = time.perf_counter()
     specs = QUICK_SPECS if args.quick else FULL_SPECS
     if args.datasets:
@@ -184,18 +242,40 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if temporary is not None:
             temporary.cleanup()
-    command = ["python", "-m", "benchmarks.data", *(argv if argv is not None else sys.argv[1:])]
-    meta = provenance(command)
-    report.plot_curves(results, args.out / PLOT_NAME)
+    meta = provenance(_command(argv))
     payload["timing"]["suite_wall_s"] = time.perf_counter() - started
+    write_outputs(args.out, payload, meta)
+    return 0
+
+
+def _command(argv: list[str] | None) -> list[str]:
+    return ["python", "-m", "benchmarks.data", *(argv if argv is not None else sys.argv[1:])]
+
+
+def write_outputs(out: Path, payload: dict[str, Any], meta: dict[str, Any]) -> None:
+    """data.md, data.json, the plot and the calibration file, each written atomically."""
+    report.plot_curves(payload["runs"], out / PLOT_NAME)
     markdown = render_markdown(payload)
-    json_path, md_path = write_results(args.out, STEM, payload, markdown, meta)
+    json_path, md_path = write_results(out, STEM, payload, markdown, meta)
     calibration = report.calibration(payload["summary"], meta, source=f"{STEM}.json")
-    write_atomic(args.out / CALIBRATION_NAME,
+    write_atomic(out / CALIBRATION_NAME,
                  (json.dumps(calibration, indent=1, default=report.finite) + "\n").encode())
     print(markdown)
-    print(f"wrote {md_path}, {json_path}, {args.out / PLOT_NAME} and "
-          f"{args.out / CALIBRATION_NAME} in {payload['timing']['suite_wall_s']:.0f} s")
+    print(f"wrote {md_path}, {json_path}, {out / PLOT_NAME} and {out / CALIBRATION_NAME}")
+
+
+def render_only(out: Path, argv: list[str] | None) -> int:
+    """Recompute every figure from the stored runs (no training); the runs' provenance stays."""
+    path = out / f"{STEM}.json"
+    if not path.is_file():
+        raise SystemExit(f"no {path} to render from: run `python -m benchmarks.data` first")
+    payload = json.loads(path.read_text())
+    meta = payload.pop("meta")
+    meta["rendered_by"] = " ".join(_command(argv))
+    payload["summary"] = report.summarize(payload["runs"])
+    payload["limits"] = limits(payload["summary"], payload["datasets"])
+    payload["budget_definition"] = BUDGET
+    write_outputs(out, payload, meta)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Figures of the data suite: per-method summaries, the markdown table, the plot, the calibration."""
+"""Figures of the data suite: per-method summaries, the markdown table, the plot, calibration."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from benchmarks.data.suite import METHODS
 
 CALIBRATION_FORMAT = "trainwise.pruning_calibration/1"
 CALIBRATION_METHOD = "trainwise"
+LOSS_TOLERANCE = 0.01  # the issue's quality bar: final eval loss within 1% of full data's
+ACCURACY_TOLERANCE = 0.003  # and accuracy within 0.3 points
 
 
 def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
@@ -22,7 +24,7 @@ def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
 
 
 def first_reach(curve: list[list], target: float) -> tuple[int | None, int | None]:
-    """(sample passes, tokens) at the first evaluation whose loss is <= target, else (None, None)."""
+    """(sample passes, tokens) at the first evaluation with loss <= target, else (None, None)."""
     for _, samples, tokens, loss, _ in curve:
         if loss <= target:
             return samples, tokens
@@ -33,10 +35,13 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (dataset, method): means and standard deviations over seeds.
 
     Target of a seed: the final eval loss of the full-data run with the same seed.
-    `budget_fraction`: sample passes to first reach it / the full-data budget. `work_fraction`:
+    `budget_fraction`: sample passes to first reach it / the full-data budget. `reach_vs_full`:
     sample passes to first reach it / the sample passes the full-data run itself needed to first
     reach it (robust to a budget longer than the model needs, where every run touches the
     target early). A seed that never reaches the target counts 1.0 in both (no saving).
+    `same_quality_fraction`: the sample passes a run spent over the whole budget / the full-data
+    budget, for a seed that ended within the quality bar (final eval loss within 1%, accuracy
+    within 0.3 points of the same seed's full-data run), else 1.0 (no saving claimed).
     """
     full = {(r["dataset"], r["seed"]): r for r in results if r["method"] == "full"}
     rows = []
@@ -47,7 +52,7 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if not runs:
                 continue
             reach_fraction, reach_samples, reach_tokens = [], [], []
-            budget_fractions, work_fractions = [], []
+            budget_fractions, work_fractions, quality_fractions, same_passes = [], [], [], []
             for run in runs:
                 baseline = full.get((dataset, run["seed"]))
                 if baseline is None:
@@ -61,6 +66,17 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 reach_fraction.append(fraction)
                 budget_fractions.append(1.0 if fraction is None else fraction)
                 work_fractions.append(1.0 if samples is None else samples / full_samples)
+                kept = run["final_eval_loss"] <= target * (1.0 + LOSS_TOLERANCE)
+                if run["final_eval_accuracy"] is not None:
+                    kept = kept and (run["final_eval_accuracy"]
+                                     >= baseline["final_eval_accuracy"] - ACCURACY_TOLERANCE)
+                quality_fractions.append(run["samples"] / baseline["budget_samples"]
+                                         if kept else 1.0)
+                # Data efficiency per pass: this run's final loss against the full-data run's
+                # loss after as many sample passes (its curve interpolated there).
+                full_curve = np.array([[p[1], p[3]] for p in baseline["eval_curve"]])
+                at_same = float(np.interp(run["samples"], full_curve[:, 0], full_curve[:, 1]))
+                same_passes.append(run["final_eval_loss"] / at_same - 1.0)
             pruned_epochs = [e for r in runs for e in r["epochs"] if e["skipped_count"]]
             row = {
                 "dataset": dataset, "method": method, "seeds": [r["seed"] for r in runs],
@@ -80,7 +96,9 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 ("wall_s", [r["wall_s"] for r in runs]),
                 ("overhead_share", [r["overhead_share"] for r in runs]),
                 ("budget_fraction", budget_fractions),
-                ("work_fraction", work_fractions),
+                ("reach_vs_full", work_fractions),
+                ("same_quality_fraction", quality_fractions),
+                ("loss_vs_full_same_passes", same_passes),
                 ("pruned_epoch_rate", [e["rate"] for e in pruned_epochs]),
                 ("pruned_epoch_skip_share", [e["skipped_count"] / (e["kept"] + e["skipped_count"])
                                              for e in pruned_epochs]),
@@ -105,7 +123,7 @@ def _add_deltas(rows: list[dict[str, Any]]) -> None:
             100.0 * (row["final_eval_accuracy_mean"] - full["final_eval_accuracy_mean"])
             if full and row["final_eval_accuracy_mean"] is not None else None)
         row["goal"] = {
-            "fewer_samples_40pct": row["work_fraction_mean"] <= 0.6,
+            "fewer_samples_40pct": row["reach_vs_full_mean"] <= 0.6,
             "loss_within_1pct": row["loss_vs_full_rel"] is not None
             and row["loss_vs_full_rel"] <= 0.01,
             "accuracy_within_0p3": None if row["accuracy_vs_full_points"] is None
@@ -129,15 +147,15 @@ def render_table(rows: list[dict[str, Any]], dataset: str) -> str:
     for row in (r for r in rows if r["dataset"] == dataset):
         share = f"{row['samples_mean']:,.0f} ({row['samples_share_mean']:.1%})"
         budget = _fmt(row["budget_fraction_mean"], row["budget_fraction_std"], 3)
-        reached = f"{budget} | {_fmt(row['work_fraction_mean'], row['work_fraction_std'], 3)} " \
+        reached = f"{budget} | {_fmt(row['reach_vs_full_mean'], row['reach_vs_full_std'], 3)} " \
                   f"({row['reached']}/{len(row['seeds'])})"
         loss = f"{_fmt(row['final_eval_loss_mean'], row['final_eval_loss_std'])} " \
                f"({row['loss_vs_full_rel']:+.2%})"
         if row["final_eval_accuracy_mean"] is None:
             accuracy = "n/a"
         else:
-            accuracy = (f"{_fmt(row['final_eval_accuracy_mean'], row['final_eval_accuracy_std'], 2, 100)}"
-                        f" % ({row['accuracy_vs_full_points']:+.2f} pts)")
+            mean = _fmt(row["final_eval_accuracy_mean"], row["final_eval_accuracy_std"], 2, 100)
+            accuracy = f"{mean} % ({row['accuracy_vs_full_points']:+.2f} pts)"
         overhead = "none (plain sampler)" if row["method"] == "full" else \
             f"{row['overhead_share_mean']:.2%}"
         lines.append(f"| {row['method']} | {share} | {reached} | {loss} | {accuracy} | "
@@ -185,8 +203,11 @@ def calibration(rows: list[dict[str, Any]], meta: dict[str, Any], source: str) -
         if row["method"] != CALIBRATION_METHOD:
             continue
         datasets[row["dataset"]] = {
-            "work_fraction": row["work_fraction_mean"], "work_fraction_std": row["work_fraction_std"],
-            "budget_fraction": row["budget_fraction_mean"],
+            "work_fraction": row["same_quality_fraction_mean"],
+            "work_fraction_std": row["same_quality_fraction_std"],
+            "first_reach_vs_full": row["reach_vs_full_mean"],
+            "first_reach_vs_full_std": row["reach_vs_full_std"],
+            "first_reach_of_budget": row["budget_fraction_mean"],
             "sample_passes_share_same_epochs": row["samples_share_mean"],
             "seeds": len(row["seeds"]), "seeds_reached": row["reached"],
             "per_seed_reach_fraction": row["reach_fraction"],
@@ -195,14 +216,18 @@ def calibration(rows: list[dict[str, Any]], meta: dict[str, Any], source: str) -
         }
     return {
         "format": CALIBRATION_FORMAT, "method": CALIBRATION_METHOD, "source": source,
-        "command": meta.get("command"), "commit": meta.get("commit"), "date_utc": meta.get("date_utc"),
-        "definition": "work_fraction = sample passes the trainwise pruning run needed to first "
-                      "reach the full-data run's final eval loss (same seed), divided by the "
-                      "sample passes the full-data run itself needed to first reach it; mean over "
-                      "seeds; a seed that never reached it counts 1.0 (no saving). "
-                      "budget_fraction: the same numerator over the full-data budget. "
-                      "sample_passes_share_same_epochs: what the pruning run spent over the "
-                      "whole budget of epochs, as a share of the full-data budget",
+        "command": meta.get("command"), "commit": meta.get("commit"),
+        "date_utc": meta.get("date_utc"),
+        "definition": "work_fraction: sample passes the trainwise run spent over the same "
+                      "epochs as the full-data run, as a share of the full-data run's, for seeds "
+                      "that ended at full-data quality (final eval loss within 1% and accuracy "
+                      "within 0.3 points of the same seed's full-data run); a seed that did not "
+                      "counts 1.0 (no saving); mean over seeds. This is the work a job running "
+                      "the same schedule needs. first_reach_vs_full: sample passes to first "
+                      "reach the full-data run's final eval loss over the passes the full-data "
+                      "run itself needed to first reach it (never reached: 1.0). "
+                      "first_reach_of_budget: the same numerator over the full-data budget "
+                      "(misleading when the full-data run plateaus early)",
         "datasets": datasets,
     }
 

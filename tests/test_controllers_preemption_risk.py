@@ -1,0 +1,207 @@
+"""The preemption-risk model: exact survival maths, and a fit that recovers a known hazard, never
+reads past its cutoff, and shrinks sparse zones toward the pool."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from cloud.risk_fit import (
+    AvailabilityHistory,
+    RiskFitConfig,
+    fit_risk_model,
+    folder_histories,
+    log_likelihood,
+)
+from cloud.traces import default_spot_dir
+from controllers.preemption_risk import (
+    DOWN,
+    POOLED_ZONE,
+    UP,
+    HazardCurve,
+    PreemptionRiskModel,
+)
+
+TICK_S = 60.0
+
+
+def alternating(rng: np.random.Generator, ticks: int, up_rate_per_h, down_rate_per_h,
+                tick_s: float = TICK_S) -> np.ndarray:
+    """0/1 availability whose runs end with hazard rate(age_s) per hour, tick by tick."""
+    out = np.empty(ticks, dtype=np.int64)
+    state, age = 1, 0.0
+    draws = rng.random(ticks)
+    for i in range(ticks):
+        out[i] = state
+        rate = up_rate_per_h(age) if state else down_rate_per_h(age)
+        if draws[i] < -math.expm1(-rate * tick_s / 3600.0):
+            state, age = 1 - state, 0.0
+        else:
+            age += tick_s
+    return out
+
+
+def history(rows, zones=None, tick_s=TICK_S, name="synthetic") -> AvailabilityHistory:
+    rows = np.atleast_2d(np.asarray(rows))
+    zones = zones or tuple(f"us-test-1{chr(97 + i)}" for i in range(rows.shape[0]))
+    return AvailabilityHistory(name, tuple(zones), tick_s, rows, 1)
+
+
+def young_risky(age_s: float) -> float:
+    return 3.0 if age_s < 1800 else 0.3
+
+
+def test_fit_recovers_a_known_age_dependent_hazard():
+    rng = np.random.default_rng(7)
+    series = alternating(rng, 300_000, young_risky, lambda age: 2.0)
+    config = RiskFitConfig(age_edges_s=(0.0, 1800.0), hour_bins=1)
+    model = fit_risk_model(history(series), cutoff_tick=series.size, config=config)
+    zone = "us-test-1a"
+    up = model.curve(zone, 1, UP).rate_per_h
+    down = model.curve(zone, 1, DOWN).rate_per_h
+    assert up[0] == pytest.approx(3.0, rel=0.1)
+    assert up[1] == pytest.approx(0.3, rel=0.15)
+    assert down[0] == pytest.approx(2.0, rel=0.1)
+    assert down[1] == pytest.approx(2.0, rel=0.15)
+    # The decreasing hazard makes an old run far safer than a fresh one.
+    assert model.p_preempt_within(zone, 7200.0, 3600.0) < 0.5 * model.p_preempt_within(
+        zone, 0.0, 3600.0)
+
+
+def test_fit_reads_only_ticks_before_the_cutoff():
+    rng = np.random.default_rng(3)
+    rows = np.stack([alternating(rng, 20_000, young_risky, lambda a: 1.0) for _ in range(2)])
+    cutoff = 12_345
+    poisoned = rows.copy()
+    poisoned[:, cutoff:] = 1 - poisoned[:, cutoff:]  # a different future
+    poisoned[:, cutoff + 100:] = 0  # and then no spot at all
+    a = fit_risk_model(history(rows), cutoff).to_dict()
+    b = fit_risk_model(history(poisoned), cutoff).to_dict()
+    assert a == b
+    # The run in progress at the cutoff is read from tick cutoff - 1 and back, not beyond.
+    last = rows[0, cutoff - 1]
+    start = cutoff - 1
+    while start > 0 and rows[0, start - 1] == last:
+        start -= 1
+    state, age_s = fit_risk_model(history(rows), cutoff).run_at_cutoff[("us-test-1a", 1)]
+    assert state == (UP if last else DOWN)
+    assert age_s == (cutoff - start) * TICK_S
+    # Hours at risk never exceed the ticks before the cutoff.
+    model = fit_risk_model(history(rows), cutoff)
+    hours = sum(model.curve("us-test-1a", 1, s).exposure_h for s in (UP, DOWN))
+    assert hours <= cutoff * TICK_S / 3600.0
+    with pytest.raises(ValueError, match="cutoff_tick"):
+        fit_risk_model(history(rows), rows.shape[1] + 1)
+
+
+def test_a_sparse_zone_is_shrunk_toward_the_pool_and_a_rich_one_is_not():
+    rng = np.random.default_rng(11)
+    rich = alternating(rng, 100_000, lambda a: 1.0, lambda a: 1.0)
+    sparse = np.zeros(100_000, dtype=np.int64)
+    sparse[10:20:2] = 1  # a few one-tick up runs (raw hazard 60/h), then never again
+    config = RiskFitConfig(age_edges_s=(0.0,), hour_bins=1, prior_events=2.0)
+    model = fit_risk_model(history([rich, sparse]), 100_000, config=config)
+    rich_rate = model.curve("us-test-1a", 1, UP).rate_per_h[0]
+    sparse_rate = model.curve("us-test-1b", 1, UP).rate_per_h[0]
+    pooled_rate = model.curve(POOLED_ZONE, 1, UP).rate_per_h[0]
+    assert rich_rate == pytest.approx(1.0, rel=0.1)
+    raw_sparse = 5 / (5 * TICK_S / 3600.0)
+    assert raw_sparse == pytest.approx(60.0)
+    # Pulled most of the way from its raw 60/h toward the pool.
+    assert abs(sparse_rate - pooled_rate) < 0.1 * abs(raw_sparse - pooled_rate)
+    # More shrinkage, closer to the pool.
+    strong = fit_risk_model(history([rich, sparse]), 100_000,
+                            config=RiskFitConfig(age_edges_s=(0.0,), hour_bins=1,
+                                                 prior_events=20.0))
+    assert abs(strong.curve("us-test-1b", 1, UP).rate_per_h[0] - pooled_rate) < abs(
+        sparse_rate - pooled_rate)
+
+
+def test_no_data_before_the_cutoff_falls_back_to_the_prior_or_a_constant():
+    rng = np.random.default_rng(5)
+    other = history(alternating(rng, 50_000, lambda a: 4.0, lambda a: 4.0), name="other")
+    target = history(alternating(rng, 1_000, lambda a: 0.1, lambda a: 0.1))
+    config = RiskFitConfig(age_edges_s=(0.0,), hour_bins=1)
+    with_prior = fit_risk_model(target, 0, prior=[other], config=config)
+    assert with_prior.curve("us-test-1a", 1, UP).rate_per_h[0] == pytest.approx(4.0, rel=0.15)
+    alone = fit_risk_model(target, 0, config=config)
+    assert "constant prior" in alone.fitted_on
+    assert alone.mean_run_s("us-test-1a") == pytest.approx(7200.0, rel=1e-3)
+
+
+def test_constant_hazard_maths_is_exact():
+    model = PreemptionRiskModel.constant(mean_up_s=3600.0, mean_down_s=1800.0)
+    zone = "anywhere"  # falls back on the pooled curve
+    assert model.hazard_per_h(zone, 5000.0) == pytest.approx(1.0)
+    assert model.survival(zone, 0.0, 1800.0) == pytest.approx(math.exp(-0.5))
+    assert model.p_preempt_within(zone, 9e4, 3600.0) == pytest.approx(1 - math.exp(-1.0))
+    assert model.p_return_within(zone, 0.0, 1800.0) == pytest.approx(1 - math.exp(-1.0))
+    assert model.expected_run_s(zone, 0.0, 7200.0) == pytest.approx(3600.0 * (1 - math.exp(-2)))
+    assert model.availability_share(zone) == pytest.approx(2 / 3, rel=1e-3)
+
+
+def test_piecewise_age_and_time_of_day_integrate_exactly():
+    curve = HazardCurve((0.0, 3600.0), (2.0, 0.5), (1.0, 3.0))  # 12 h halves of the day
+    model = PreemptionRiskModel({(UP, "z", 1): curve, (DOWN, "z", 1): curve})
+    # From age 0 at 11:00: 1 h at rate 2 (first half-day), then 1 h at 0.5 x 3 (second half).
+    cum = 2.0 + 1.5
+    assert model.survival("z", 0.0, 7200.0, trace_time_s=11 * 3600.0) == pytest.approx(
+        math.exp(-cum))
+    expected = (1 - math.exp(-2.0)) / 2.0 + math.exp(-2.0) * (1 - math.exp(-1.5)) / 1.5
+    assert model.expected_run_s("z", 0.0, 7200.0, trace_time_s=11 * 3600.0) == pytest.approx(
+        expected * 3600.0)
+    assert model.hazard_per_h("z", 4000.0, trace_time_s=13 * 3600.0) == pytest.approx(1.5)
+
+
+def test_round_trip_and_lookup_fallbacks():
+    rng = np.random.default_rng(2)
+    rows = np.stack([alternating(rng, 5_000, young_risky, lambda a: 1.0) for _ in range(2)])
+    model = fit_risk_model(history(rows), 4_000)
+    again = PreemptionRiskModel.from_dict(model.to_dict())
+    assert again.to_dict() == model.to_dict()
+    assert again.survival("us-test-1b", 600.0, 3600.0, 7e4) == model.survival(
+        "us-test-1b", 600.0, 3600.0, 7e4)
+    # An unknown zone reads the pooled curve; a level above the fitted ones reads the largest.
+    assert model.curve("eu-nowhere-1z", 1, UP) is model.curve(POOLED_ZONE, 1, UP)
+    assert model.curve("us-test-1a", 4, UP) is model.curve("us-test-1a", 1, UP)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda m: m.survival("z", -1.0, 60.0), "age_s"),
+    (lambda m: m.survival("z", 0.0, math.nan), "horizon_s"),
+    (lambda m: m.curve("z", 1, "sideways"), "state"),
+    (lambda m: m.curve("z", 0, UP), "spot_nodes"),
+])
+def test_bad_questions_raise_clear_errors(call, match):
+    curve = HazardCurve((0.0,), (1.0,))
+    model = PreemptionRiskModel({(UP, "z", 1): curve, (DOWN, "z", 1): curve})
+    with pytest.raises(ValueError, match=match):
+        call(model)
+
+
+def test_bad_curves_are_refused():
+    with pytest.raises(ValueError, match="start at 0"):
+        HazardCurve((10.0,), (1.0,))
+    with pytest.raises(ValueError, match="last age bin"):
+        HazardCurve((0.0, 60.0), (1.0, 0.0))
+    with pytest.raises(ValueError, match="at least one"):
+        PreemptionRiskModel({})
+
+
+@pytest.mark.skipif(not default_spot_dir().is_dir(), reason="shared spot data missing")
+def test_on_real_traces_the_fitted_model_predicts_held_out_ticks_better_than_a_constant():
+    target = folder_histories("availability-1node-aws-2023-02")[0]
+    prior = folder_histories("preemption-1node-aws-2023-04")
+    cutoff = 10_000
+    fitted = fit_risk_model(target, cutoff, prior)
+    zone_only = AvailabilityHistory(target.name, target.zones[-1:], target.tick_s,
+                                    target.available[-1:], 1)
+    constant = PreemptionRiskModel.constant(
+        fitted.mean_run_s(zone_only.zones[0]), fitted.mean_run_s(zone_only.zones[0], state=DOWN))
+    held_out = (cutoff, cutoff + 3_000)
+    fitted_ll, hours = log_likelihood(fitted, zone_only, *held_out)
+    constant_ll, _ = log_likelihood(constant, zone_only, *held_out)
+    assert hours == pytest.approx(3_000 * target.tick_s / 3600.0)
+    assert fitted_ll > constant_ll
