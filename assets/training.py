@@ -35,6 +35,9 @@ class TrainRunConfig(dg.Config):
     """Fast policy run inside the loop (noop | heuristic)."""
     fast_every_steps: int = 10
     """Steps between fast-policy decisions."""
+    data_selection: str = "static"
+    """static (the curriculum as built) | dynamic (InfoBatch per epoch, rate steered live by the
+    slow-policy sensor through the run's control file)."""
 
 
 @dg.asset(partitions_def=data_partitions, group_name="training", deps=[curriculum],
@@ -59,6 +62,7 @@ def checkpoint(
         instance_type=config.instance_type or settings.get("TRAINWISE_INSTANCE_TYPE"),
         fast_policy=config.fast_policy,
         fast_every_steps=config.fast_every_steps,
+        data_selection=config.data_selection,
         run_id=context.run.run_id,
         region=settings.get("TRAINWISE_REGION"),
     )

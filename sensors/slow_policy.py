@@ -38,6 +38,8 @@ def slow_policy_sensor(context: dg.SensorEvaluationContext):
                          f"({tick.action.reason})")
             continue
         cursor[partition] = key
+        # A live run with dynamic pruning takes the rate at its next fast tick, without restarting.
+        slow_tick.steer_live_run(state_dir, tick, rate)
         requests.append(dg.RunRequest(
             run_key=key,
             partition_key=partition,

@@ -105,3 +105,16 @@ def test_negative_pruning_rate_refused_and_last_curriculum_kept(instance):
     message = _failure_text(result, "curriculum")
     assert "-0.2" in message and "TRAINWISE_PRUNING_RATE" in message
     assert sorted(p.name for p in curricula.iterdir()) == before
+
+
+def test_dynamic_data_selection_records_consumption(instance):
+    result = _run(instance, data_selection="dynamic")
+    assert result.success
+    meta = {k: v.value for k, v in
+            result.asset_materializations_for_node("checkpoint")[0].metadata.items()}
+    params = MlflowClient(tracking_uri=settings.mlflow_uri()).get_run(
+        meta["mlflow_run_id"]).data.params
+    assert params["data/selection"] == "dynamic"
+    assert params["policy/slow"] == "slow_policy_sensor"
+    consumption = Path(meta["telemetry_dir"]) / "consumption.jsonl"
+    assert consumption.exists() and consumption.stat().st_size > 0

@@ -10,6 +10,7 @@ from sensors.slow_policy import slow_policy_sensor
 from telemetry import events
 from telemetry.writer import SegmentWriter
 from training import curriculum as curriculum_lib
+from training.dynamic_pruning import read_pruning_control
 from trainwise import settings
 
 
@@ -18,12 +19,13 @@ def _evaluate(instance, cursor=None):
     return slow_policy_sensor.evaluate_tick(context)
 
 
-def _live_run(run_id: str, steps: int, losses: list[float]) -> None:
+def _live_run(run_id: str, steps: int, losses: list[float],
+              data_selection: str = "static") -> None:
     """A run still training: request file and telemetry, no run_end yet."""
     run_dir = settings.home_dir() / "runs" / run_id
     run_dir.mkdir(parents=True)
-    (run_dir / "request.json").write_text(json.dumps({"partition": "pystdlib",
-                                                      "max_steps": 1000}))
+    (run_dir / "request.json").write_text(json.dumps({
+        "partition": "pystdlib", "max_steps": 1000, "data_selection": data_selection}))
     with SegmentWriter(run_dir / "telemetry", run_id) as writer:
         for step in range(1, steps + 1):
             writer.write(events.StepEvent(
@@ -52,7 +54,7 @@ def test_sensor_requests_new_curriculum_for_live_run_once(instance):
     result = _evaluate(instance)
     assert not result.run_requests and "nothing to steer" in result.skip_message
 
-    _live_run("live-run-1", steps=200, losses=[3.0, 2.6, 2.3, 2.1])
+    _live_run("live-run-1", steps=200, losses=[3.0, 2.6, 2.3, 2.1], data_selection="dynamic")
     result = _evaluate(instance)
     assert len(result.run_requests) == 1
     request = result.run_requests[0]
@@ -60,6 +62,9 @@ def test_sensor_requests_new_curriculum_for_live_run_once(instance):
     assert request.partition_key == "pystdlib" and rate >= 0.05
     assert request.tags["trainwise/steered_run"] == "live-run-1"
     assert "pruning" in request.tags["trainwise/reason"]
+    # The live run (dynamic pruning) gets the rate through its control file.
+    control = read_pruning_control(settings.home_dir() / "runs" / "live-run-1" / "control.json")
+    assert control.pruning_rate == pytest.approx(rate)
 
     # Same tick again with the cursor: no duplicate request.
     again = _evaluate(instance, cursor=result.cursor)
@@ -83,3 +88,4 @@ def test_sensor_holds_rate_when_eval_loss_regresses(instance):
     result = _evaluate(instance)
     assert not result.run_requests
     assert "regressed" in result.skip_message
+    assert not (settings.home_dir() / "runs" / "live-run-2" / "control.json").exists()

@@ -31,6 +31,9 @@ class TrainRequest:
     fast_policy: str
     run_id: str
     fast_every_steps: int = 10
+    # "static": the curriculum manifest as built; "dynamic": InfoBatch-style pruning per epoch on
+    # a running loss table, its rate steered by the slow layer through the run's control file.
+    data_selection: str = "static"
     region: str = "us-west-2"
 
 
@@ -160,6 +163,11 @@ def plot_cost_vs_loss(events: list[dict[str, Any]], path: Path) -> Path | None:
     return path
 
 
+def control_path(state_dir: Path, run_id: str) -> Path:
+    """The control file a running trainer reads at fast-tick boundaries (the slow layer writes)."""
+    return state_dir / "runs" / run_id / "control.json"
+
+
 def run_training(
     request: TrainRequest,
     *,
@@ -181,6 +189,8 @@ def run_training(
     examples = shards.load_shards(state_dir / "shards" / request.partition)
     curriculum = curriculum_lib.load_curriculum(state_dir / "curricula" / request.partition)
     policy = fast_policy(request.fast_policy)
+    if request.data_selection not in ("static", "dynamic"):
+        raise ValueError(f"data_selection {request.data_selection!r}: use static or dynamic")
     config = loop.TrainConfig(
         max_steps=request.max_steps,
         micro_batch_size=request.micro_batch_size,
@@ -199,8 +209,17 @@ def run_training(
     # Written first: the slow-policy sensor finds a partition's live run by this file.
     request_path = run_dir / "request.json"
     request_path.write_text(json.dumps(asdict(request), indent=2))
+    pruning = None
+    if request.data_selection == "dynamic":
+        from training import scoring
+        from training.dynamic_pruning import DynamicPruningConfig
+
+        pruning = DynamicPruningConfig(
+            pruning_rate=curriculum.pruning_rate,
+            initial_scores=scoring.read_scores(state_dir / "scores" / request.partition),
+            control_path=control_path(state_dir, request.run_id))
     result = loop.train(config, examples, curriculum, run_dir, fast_policy=policy,
-                        progress=progress)
+                        progress=progress, pruning=pruning)
 
     events = reader.read_run_events(result.telemetry_dir)
     ingested = telemetry_store.ingest(result.telemetry_dir, duckdb_path)
@@ -228,7 +247,9 @@ def run_training(
             "curriculum/version": curriculum.version,
             "curriculum/pruning_rate": curriculum.pruning_rate,
             "policy/fast": policy.name,
-            "policy/slow": "none",
+            "policy/slow": ("slow_policy_sensor" if request.data_selection == "dynamic"
+                            else "none"),
+            "data/selection": request.data_selection,
             "cloud/instance_type": request.instance_type,
             "cloud/price_usd_per_hour": price,
         },

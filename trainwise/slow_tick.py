@@ -113,3 +113,18 @@ def decide(state_dir: Path, partition: str,
     observation = observe(events, request, data_summary(np.asarray(table.loss)))
     action = (policy or HeuristicSlowPolicy()).act(observation)
     return SlowTick(partition, run_id, action, current_pruning_rate=current.pruning_rate)
+
+
+def steer_live_run(state_dir: Path, tick: SlowTick, rate: float) -> Path | None:
+    """Hand the decided rate to the live run through its control file (dynamic pruning only)."""
+    from training.dynamic_pruning import write_pruning_control
+    from trainwise.runs import control_path
+
+    if tick.run_id is None or tick.action is None:
+        return None
+    request_path = state_dir / "runs" / tick.run_id / "request.json"
+    request = json.loads(request_path.read_text())
+    if request.get("data_selection") != "dynamic":
+        return None
+    return write_pruning_control(control_path(state_dir, tick.run_id), pruning_rate=rate,
+                                 reason=f"slow_policy_sensor: {tick.action.reason}")
