@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cloud.traces import SpotTrace, load_folder
+from cloud.traces import SpotTrace, group_by_shape, load_folder
 from controllers.preemption_risk import (
     DAY_S,
     DEFAULT_AGE_EDGES_S,
@@ -300,8 +300,6 @@ def log_likelihood(
 
 def folder_histories(folder: str, spot_dir: str | None = None) -> list[AvailabilityHistory]:
     """One history per node shape of a trace folder (raw traces, not scaled)."""
-    from cloud.traces import group_by_shape
-
     return [
         history_from_traces(traces)
         for traces in group_by_shape(load_folder(folder, spot_dir)).values()

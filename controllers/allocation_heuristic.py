@@ -31,7 +31,9 @@ budget that pays for waiting and for changeovers; the policy prices it:
 3. Safety net (Can't Be Late's, widened like the simulator's peers): an action that could leave
    the job unable to finish on on-demand after one more tick and a preemption is refused; when
    nothing else is safe, on-demand to the end. Gangs (N > 1) also keep a fault reserve (one
-   checkpoint interval plus a changeover) because node faults come without notice.
+   checkpoint interval plus a changeover) because node faults come without notice; when slack
+   gets thin they ask for shorter checkpoint intervals (`fault_room_share` of the slack left,
+   at least `min_checkpoint_interval_s`) so that the reserve shrinks with the slack.
 
 Events (single zone, thin slack): spot (run 3 h old) -> preempted -> spot gone: on-demand (slack
 kept for later rides) -> spot back, run 2 min old: stay on on-demand (too young to pay two
@@ -51,6 +53,7 @@ positive int cannot be sized: the fallback is then to release (hold nothing).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -87,6 +90,10 @@ class TrainwiseAllocationConfig:
     # Slack kept against node faults (no notice); None: one checkpoint interval plus a
     # changeover for gangs (N > 1), 0 for a single node.
     fault_reserve_s: float | None = None
+    # With that default, gangs short of slack checkpoint every `fault_room_share` of the slack
+    # room left (not less than `min_checkpoint_interval_s`), so a fault still fits.
+    fault_room_share: float = 0.25
+    min_checkpoint_interval_s: float = 900.0
     # Spot shares of the gang tried for partial-spot node sets (N > 1).
     spot_fractions: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25)
     # Single zone, single node: follow the slack plan (else score node sets as for many zones).
@@ -234,6 +241,8 @@ class _Situation:
     budget_s: float
     mode: int  # IDLE, ON_DEMAND or SPOT (what is held now)
     holding: bool
+    # Checkpoint interval to ask for (gangs with thin slack), None to keep the one in force.
+    checkpoint_interval_s: float | None = None
 
 
 class TrainwiseAllocationPolicy:
@@ -281,15 +290,25 @@ class TrainwiseAllocationPolicy:
             unsaved_h = (obs.work_done_h - obs.work_checkpointed_h) / obs.work_rate_gpu_h_per_h
             risk_s = obs.tick_s + unsaved_h * 3600.0
         fault_s = cfg.fault_reserve_s
-        if fault_s is None:
-            fault_s = (obs.checkpoint_interval_s + c) if n > 1 else 0.0
+        interval_s = None
+        if fault_s is None and n > 1:
+            # A fault loses up to one checkpoint interval plus a restart. When slack gets thin,
+            # checkpoint more often (down to `min_checkpoint_interval_s`) so that the reserve
+            # shrinks with it instead of forcing on-demand early.
+            room_s = slack_s - risk_s - c
+            interval_s = min(obs.checkpoint_interval_s,
+                             max(cfg.min_checkpoint_interval_s, cfg.fault_room_share * room_s))
+            fault_s = interval_s + c
+            if interval_s >= obs.checkpoint_interval_s:
+                interval_s = None
+        fault_s = fault_s or 0.0
         holding = obs.zone is not None and obs.spot_nodes + obs.on_demand_nodes == n
         mode = IDLE
         if holding:
             mode = SPOT if obs.spot_nodes > 0 else ON_DEMAND
         paid_s = c - obs.changeover_left_s if mode == ON_DEMAND else 0.0
         net_s = risk_s + fault_s
-        return _Situation(slack_s, net_s, slack_s + paid_s - net_s, mode, holding)
+        return _Situation(slack_s, net_s, slack_s + paid_s - net_s, mode, holding, interval_s)
 
     def _solve(self, obs: AllocationObservation, sit: _Situation, zone: str, zones: int,
                hop_probability: float, spot_usd_per_h: float, od_usd_per_h: float) -> SlackPlan:
@@ -325,7 +344,14 @@ class TrainwiseAllocationPolicy:
                                    numbers)
         if self.config.use_plan and len(obs.zones) == 1 and n == 1:
             return self._follow_plan(obs, sit, numbers)
-        return self._score_and_plan(obs, sit, numbers)
+        action = self._score_and_plan(obs, sit, numbers)
+        if sit.checkpoint_interval_s is not None and action.checkpoint_interval_s is None:
+            action.numbers["checkpoint_interval_s"] = sit.checkpoint_interval_s
+            action = dataclasses.replace(
+                action, checkpoint_interval_s=sit.checkpoint_interval_s,
+                reason=f"{action.reason}; checkpoint every {sit.checkpoint_interval_s / 60:.0f} "
+                       "min so a node fault fits the thin slack")
+        return action
 
     # Single zone, single node: the plan decides -------------------------------------------------
 
@@ -435,8 +461,9 @@ class TrainwiseAllocationPolicy:
                     f"slack thin and P(preempt within {cfg.leave_horizon_ticks:g} ticks)="
                     f"{p_soon:.2f}: leave spot for on-demand"), numbers)
 
-        plan_text = (f"slack {sit.slack_s / 3600:.2f} h worth {slack_usd_per_h:.2f} USD/h: "
-                     f"rides must last {hold_needed_s / 3600:.2f} h")
+        plan_text = f"slack {sit.slack_s / 3600:.2f} h worth {slack_usd_per_h:.2f} USD/h"
+        if plan_action is None:
+            plan_text += f": rides must last {hold_needed_s / 3600:.2f} h"
         if plan_action is not None:
             if plan_action == IDLE and sit.slack_s >= sit.net_s + obs.tick_s and not (
                     best.spot and best.held):

@@ -290,13 +290,17 @@ class PreemptionRiskModel:
         """Mean length of a fresh run (time of day averaged out by the day-long bins), capped
         at `horizon_s`."""
         curve = self.curve(zone, spot_nodes, state)
+        key = ("mean", id(curve), horizon_s)
+        if key in self._cache:
+            return self._cache[key][1]
         flat = HazardCurve(curve.age_edges_s, curve.rate_per_h)
         mean_factor = sum(curve.hour_factor) / curve.hour_bins
         if mean_factor > 0:
             flat = HazardCurve(
                 curve.age_edges_s, tuple(r * mean_factor for r in curve.rate_per_h)
             )
-        return _integrate(flat, 0.0, 0.0, horizon_s)[1]
+        self._cache[key] = _integrate(flat, 0.0, 0.0, horizon_s)
+        return self._cache[key][1]
 
     def availability_share(self, zone: str, spot_nodes: int = 1) -> float:
         """Long-run share of time the zone has `spot_nodes` spot nodes: mean up / mean cycle."""

@@ -11,7 +11,8 @@ from cloud.traces import default_spot_dir
 
 pytestmark = pytest.mark.skipif(not default_spot_dir().is_dir(), reason="shared spot data missing")
 
-POLICIES = {"on_demand", "managed_spot", "greedy_spot", "skypilot_failover", "uniform_progress"}
+POLICIES = {"on_demand", "managed_spot", "greedy_spot", "skypilot_failover", "uniform_progress",
+            "trainwise_heuristic"}
 
 
 @pytest.fixture(scope="module")
