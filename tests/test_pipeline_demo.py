@@ -79,6 +79,8 @@ def test_explain_prints_the_runs_decisions(instance, capsys):
     assert cli.main(["explain", result.run_id[:8]]) == 0
     out = capsys.readouterr().out
     assert "heuristic_fast" in out and "checkpoint written (final)" in out
+    action_lines = [line for line in out.splitlines() if line.strip().startswith("action")]
+    assert action_lines and not any("reason=" in line for line in action_lines)
 
 
 def test_explain_unknown_run_is_a_clear_error(capsys):

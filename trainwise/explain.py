@@ -38,8 +38,11 @@ def _as_decisions(records: list[dict[str, Any]]) -> list[Decision]:
         t = record["wall_time_s"] - start
         kind = record["type"]
         if kind == "decision":
+            # The action dict repeats the reason and numbers: show each once.
+            action = {k: v for k, v in record["action"].items()
+                      if k not in ("reason", "numbers")}
             rows.append(Decision(time_s=t, step=record["step"], layer=record["layer"],
-                                 policy=record["policy"], action=record["action"],
+                                 policy=record["policy"], action=action,
                                  reason=record["reason"], numbers=record.get("numbers") or {}))
         elif kind == "checkpoint":
             rows.append(Decision(time_s=t, step=record["step"], layer="fast", policy="trainer",
