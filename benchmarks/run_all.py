@@ -9,6 +9,7 @@ SUITES = {
     "controller": "benchmarks.controller_overhead",
     "fast_layer": "benchmarks.fast_layer",
     "data": "benchmarks.data",
+    "emulated": "benchmarks.emulated_run",
 }
 
 

@@ -1,0 +1,152 @@
+"""The emulated cloud: a real spot trace replayed fast decides when a real trainer process is
+SIGTERMed; the job resumes from its checkpoint in a new process and is billed per emulated second.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cloud import emulated as replay
+from cloud import prices
+from cloud.traces import FOLDER_MEANING, load_trace
+from trainwise import settings
+
+torch.set_num_threads(1)
+
+FOLDER = "availability-1node-aws-2023-02"
+ZONE_FILE = "us-east-1a_v100_1.json"
+MAX_STEPS = 40
+
+
+# -- the pure parts (cloud/emulated.py) -----------------------------------------------------------
+def test_clock_yields_each_boundary_and_freezes_when_the_caller_stops():
+    clock = replay.ReplayClock(tick_s=195.0, seconds_per_tick=0.2)
+    assert clock.emulated_per_wall_s == pytest.approx(975.0)
+    assert list(clock.advance_to(0.0)) == [0]
+    assert list(clock.advance_to(400.0)) == [1, 2] and clock.now_s == 400.0
+    for tick in clock.advance_to(1000.0):
+        assert tick == 3
+        break  # e.g. a preemption at tick 3: the clock stays on that boundary
+    assert clock.now_s == 585.0 and clock.tick == 3
+
+
+def test_bill_is_emulated_seconds_held_times_price():
+    holdings = [replay.Holding("spot", 0.0, 0.612, 780.0), replay.Holding("on_demand", 1000.0, 3.06)]
+    assert replay.bill_usd(holdings, now_s=1360.0) == pytest.approx(
+        780 * 0.612 / 3600 + 360 * 3.06 / 3600)
+    assert replay.spot_share(holdings, now_s=1360.0) == pytest.approx(780 / 1140)
+    with pytest.raises(ValueError, match="still open"):
+        replay.bill_usd(holdings)
+
+
+def test_drop_window_search_and_synthetic_label():
+    values = np.array([0, 0, 1, 1, 1, 0, 0, 1, 1])
+    assert replay.find_drop_window(values, up_ticks=3, max_down_ticks=2) == 2
+    with pytest.raises(ValueError, match="no window"):
+        replay.find_drop_window(values, up_ticks=5, max_down_ticks=2)
+    market = replay.load_replay_market(FOLDER, ZONE_FILE, 0, 10, Path("/nonexistent"))
+    assert market.synthetic and "SYNTHETIC" in market.source
+    assert list(market.available[:8]) == [1, 1, 1, 1, 0, 0, 0, 1]
+    assert market.available_at(10_000) == 0  # past the window: no market data, no spot
+
+
+# -- a real emulated run ---------------------------------------------------------------------------
+def _window_start() -> int:
+    """A real window where spot is up 4 ticks (13 min) from the start, then reclaimed."""
+    path = settings.data_dir() / "spot" / FOLDER / ZONE_FILE
+    if not path.exists():
+        return 0  # synthetic fallback (labelled in the result's trace_source)
+    trace = load_trace(path, FOLDER_MEANING[FOLDER])
+    return replay.find_drop_window(trace.available, up_ticks=4, max_down_ticks=10, min_start=200)
+
+
+@pytest.fixture(scope="module")
+def emulated_run(tmp_path_factory):
+    from trainwise.emulated import run_emulated
+
+    out = tmp_path_factory.mktemp("emulated")
+    result = run_emulated("pystdlib", max_steps=MAX_STEPS, trace_folder=FOLDER,
+                          zone_file=ZONE_FILE, window_start_tick=_window_start(),
+                          seconds_per_tick=0.2, policy_name="trainwise_heuristic",
+                          deadline_factor=2.0, out_dir=out, run_id="emu-test", max_wall_s=240)
+    return out, result
+
+
+def _records(result, rank=None):
+    from telemetry.reader import read_run_events
+
+    return read_run_events(result.run_dir / "telemetry" / result.run_id, rank=rank)
+
+
+def test_run_is_preempted_by_sigterm_checkpoints_and_completes(emulated_run):
+    _, result = emulated_run
+    assert result.status == "completed" and result.steps == MAX_STEPS
+    assert result.preemptions >= 1 and result.resumes >= 1 and result.notices_missed == 0
+    trainer = _records(result, rank=0)
+    notices = [r for r in trainer if r["type"] == "preemption"]
+    assert notices and all(r["signal_name"] == "SIGTERM" for r in notices)
+    reasons = [r["reason"] for r in trainer if r["type"] == "checkpoint"]
+    assert "preemption" in reasons
+    # The first process really was a separate trainer that got the signal and said so.
+    first = json.loads((result.run_dir / "emulated" / "result-000.json").read_text())
+    assert first["status"] == "preempted" and first["pid"] == result.trainer_pids[0]
+    assert len(set(result.trainer_pids)) == len(result.trainer_pids) >= 2
+    assert result.final_eval_loss is not None and np.isfinite(result.final_eval_loss)
+
+
+def test_resume_continues_from_the_checkpoint(emulated_run):
+    from training import loop, shards
+
+    out, result = emulated_run
+    trainer = _records(result, rank=0)
+    steps = [r["step"] for r in trainer if r["type"] == "step"]
+    assert steps == list(range(1, MAX_STEPS + 1))  # contiguous: no step lost, none repeated
+    starts = [r for r in trainer if r["type"] == "run_start"]
+    resumed = [r for r in starts if r["resumed_from"]]
+    assert len(resumed) == result.resumes
+    for start in resumed:  # each process starts where its checkpoint left off
+        assert start["step"] == int(Path(start["resumed_from"]).stem.split("-")[1])
+    # Losses after the resumes equal an uninterrupted run's with the same config, bit for bit.
+    job = json.loads((result.run_dir / "emulated" / "job-000.json").read_text())
+    config = loop.TrainConfig(**{**job["train_config"], "run_id": "uninterrupted"})
+    reference = loop.train(config, shards.load_shards(out / "shards" / "pystdlib"), None,
+                           out / "uninterrupted")
+    from telemetry.reader import read_run_events
+
+    expected = [r["train_loss"] for r in read_run_events(reference.telemetry_dir)
+                if r["type"] == "step"]
+    assert [r["train_loss"] for r in trainer if r["type"] == "step"] == expected
+    assert result.final_eval_loss == reference.final_eval_loss
+
+
+def test_cost_follows_the_billing_rule_at_real_prices(emulated_run):
+    _, result = emulated_run
+    spot = prices.spot_price_from_advisor("p3.2xlarge", "us-east-1")
+    on_demand = prices.on_demand_price("p3.2xlarge", "us-east-1")
+    assert (result.spot_usd_per_hour, result.on_demand_usd_per_hour) == (spot, on_demand)
+    expected = sum((h["end_s"] - h["launch_s"]) * (spot if h["kind"] == "spot" else on_demand)
+                   / 3600.0 for h in result.holdings)
+    assert result.cost_usd > 0 and result.cost_usd == pytest.approx(expected)
+    # Every launch pays at least its changeover (360 s) unless cut short by a preemption.
+    assert result.holdings[0]["launch_s"] == 0.0
+    assert result.spot_node_s + result.on_demand_node_s == pytest.approx(
+        sum(h["end_s"] - h["launch_s"] for h in result.holdings))
+
+
+def test_decisions_are_slow_layer_events_that_explain_shows(emulated_run):
+    from trainwise.emulated import PROVIDER_RANK
+    from trainwise.explain import timeline
+
+    out, result = emulated_run
+    decisions = [r for r in _records(result, rank=PROVIDER_RANK) if r["type"] == "decision"]
+    assert decisions and all(r["layer"] == "slow" for r in decisions)
+    policy = [r for r in decisions if r["policy"] == "trainwise_heuristic"]
+    assert policy and all(r["reason"] and "time_s" in r["numbers"] for r in policy)
+    events = [r["action"].get("event") for r in decisions]
+    assert events.count("preemption") == result.preemptions
+    assert events.count("resume") == result.resumes
+    text = timeline(result.run_id, out)
+    assert "spot reclaimed" in text and "resuming from step" in text

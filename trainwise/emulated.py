@@ -1,0 +1,514 @@
+"""The `emulated` way to run the cloud: real trainer processes, a real spot trace replayed fast.
+
+`run_emulated` trains one job on this machine as if on one cloud node of the trace's instance
+type (p3.2xlarge for the V100 traces). The pure parts (replay clock, market window, billing
+rule, observations) are in `cloud/emulated.py`; this module runs processes and writes telemetry.
+
+Event sequence (a typical run, the 2023-02 us-east-1a trace):
+tick 0: policy -> spot (launch; trainer process boots, clock frozen; changeover 360 s billed)
+-> tick 4: spot gone -> SIGTERM to the trainer's pid -> it checkpoints ("preemption") and exits
+-> policy: wait, or on-demand -> launch -> a new process resumes from that checkpoint -> ... ->
+max_steps done: the node is released, the bill closed.
+
+1. Each tick boundary: a preemption first (the node held is spot and the trace says none is
+   available): SIGTERM, then SIGKILL if the process is still alive after the notice
+   (`notice_s` at the replay speed, but at least `min_notice_wall_s` of wall time because process
+   scheduling on a shared machine is not that fast). Then the allocation policy (by name,
+   `cloud.policy_registry.make_policy`) sees an `AllocationObservation` and its action is
+   applied: keep, release, or launch (spot only if the trace has it this tick).
+2. Work is training steps: `work_done_h = steps / max_steps * work_total_h`, where
+   `work_total_h` is the emulated time `max_steps` steps take at `step_wall_s_estimate` wall
+   seconds a step; the deadline is `deadline_factor * (work + one changeover)`.
+3. Every decision, preemption, launch/resume and the end go to the run's telemetry as decision
+   events (layer "slow", policy = the allocation policy's name or "emulated_cloud"), written by
+   the provider under rank `PROVIDER_RANK` (the trainer writes rank 0), so `trainwise explain`
+   shows them in time order with the trainer's own checkpoints and preemption notices.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cloud import emulated as replay
+from cloud.policy_registry import make_policy
+from cloud.traces import FOLDER_MEANING
+from telemetry.events import DecisionEvent
+from telemetry.reader import read_run_events
+from telemetry.writer import SegmentWriter
+from trainwise import settings
+
+# The provider's telemetry rank: not a training rank (those count from 0), one writer per rank.
+PROVIDER_RANK = 1000
+PROVIDER_POLICY = "emulated_cloud"
+DEFAULT_TRACE_FOLDER = "availability-1node-aws-2023-02"
+DEFAULT_ZONE_FILE = "us-east-1a_v100_1.json"
+
+
+@dataclass(frozen=True)
+class EmulatedResult:
+    status: str  # "completed", or "deadline_exceeded_wall" when max_wall_s ran out
+    run_id: str
+    run_dir: Path
+    steps: int
+    max_steps: int
+    preemptions: int
+    resumes: int  # trainer processes started from a checkpoint
+    launches: int
+    notices_missed: int  # trainers SIGKILLed after the notice (work since the checkpoint lost)
+    spot_share: float
+    cost_usd: float
+    spot_node_s: float
+    on_demand_node_s: float
+    deadline_s: float
+    finish_s: float | None  # emulated seconds since job start
+    final_eval_loss: float | None
+    wall_s: float
+    policy: str
+    trace_source: str
+    zone: str
+    instance_type: str
+    window_start_tick: int
+    seconds_per_tick: float
+    spot_usd_per_hour: float
+    on_demand_usd_per_hour: float
+    holdings: tuple[dict[str, Any], ...]
+    trainer_pids: tuple[int, ...]
+
+    @property
+    def deadline_met(self) -> bool:
+        return self.finish_s is not None and self.finish_s <= self.deadline_s
+
+
+def risk_model_kwargs(policy_name: str, market: replay.ReplayMarket, trace_folder: str,
+                      spot_dir: Path) -> dict[str, Any]:
+    """trainwise_heuristic's hazard model, fitted as the cost suite does: the market's own folder
+    and node shape before the window start only, the other trace folders as the prior."""
+    if policy_name != "trainwise_heuristic":
+        return {}
+    from cloud.risk_fit import AvailabilityHistory, fit_risk_model, folder_histories
+
+    if market.synthetic:
+        empty = AvailabilityHistory("synthetic", (market.zone,), float(market.tick_s),
+                                    market.available[None, :0], 1)
+        return {"risk_model": fit_risk_model(empty, 0)}
+    shape = Path(market.source).stem.split("_", 1)[1]
+    target = next(h for h in folder_histories(trace_folder, str(spot_dir))
+                  if h.name.endswith(f"/{shape}"))
+    prior = [h for folder in FOLDER_MEANING if folder != trace_folder
+             and (spot_dir / folder).is_dir() for h in folder_histories(folder, str(spot_dir))]
+    return {"risk_model": fit_risk_model(target, market.window_start_tick, prior)}
+
+
+@dataclass
+class _Trainer:
+    """One trainer process (one emulated node's life)."""
+
+    process: subprocess.Popen
+    spawn_wall_s: float
+    result_path: Path
+    resumed_from: str | None
+    ready: bool = False
+    stop_reason: str = ""
+    kill_at_monotonic: float | None = None
+    killed: bool = False
+
+
+@dataclass
+class _Emulation:
+    """The provider's state while a job runs; `run_emulated` drives it."""
+
+    market: replay.ReplayMarket
+    rules: Any
+    clock: replay.ReplayClock
+    policy: Any
+    writer: SegmentWriter
+    run_id: str
+    run_dir: Path
+    shards_dir: Path
+    train_config: dict[str, Any]
+    max_steps: int
+    work_total_h: float
+    deadline_s: float
+    notice_wall_s: float
+    holdings: list[replay.Holding] = field(default_factory=list)
+    trainer: _Trainer | None = None
+    pending_launch: bool = False
+    preemption_times: tuple[float, ...] = ()
+    launch_failed: bool = False
+    launches: int = 0
+    resumes: int = 0
+    notices_missed: int = 0
+    steps: int = 0
+    checkpoint_step: int = 0
+    checkpoint_path: str | None = None
+    checkpoint_time_s: float = 0.0
+    finish_s: float | None = None
+    final_eval_loss: float | None = None
+    pids: list[int] = field(default_factory=list)
+
+    @property
+    def holding(self) -> replay.Holding | None:
+        last = self.holdings[-1] if self.holdings else None
+        return last if last is not None and last.end_s is None else None
+
+    @property
+    def telemetry_dir(self) -> Path:
+        return self.run_dir / "telemetry" / self.run_id
+
+    # -- telemetry --------------------------------------------------------------------------
+    def record(self, policy: str, action: dict[str, Any], reason: str,
+               numbers: dict[str, float], observation: dict[str, Any] | None = None) -> None:
+        self.writer.write(DecisionEvent(
+            run_id=self.run_id, rank=PROVIDER_RANK, step=self.steps, layer="slow", policy=policy,
+            action=action, reason=reason, numbers=numbers, observation=observation or {}))
+
+    def read_progress(self) -> None:
+        """Steps done and the last checkpoint, from the trainer's rank-0 telemetry."""
+        if not (self.telemetry_dir / "rank0").is_dir():
+            return
+        for event in read_run_events(self.telemetry_dir, rank=0):
+            kind = event["type"]
+            if kind == "step":
+                self.steps = max(self.steps, int(event["step"]))
+                if self.trainer is not None and event["wall_time_s"] >= self.trainer.spawn_wall_s:
+                    self.trainer.ready = True
+            elif kind == "checkpoint" and int(event["step"]) >= self.checkpoint_step:
+                if self.checkpoint_path != event["path"]:
+                    self.checkpoint_time_s = self.clock.now_s
+                self.checkpoint_step, self.checkpoint_path = int(event["step"]), event["path"]
+            elif kind == "eval":
+                self.final_eval_loss = event["eval_loss"]
+
+    # -- processes --------------------------------------------------------------------------
+    def spawn(self) -> None:
+        """Start a trainer process, resuming from the newest checkpoint when there is one."""
+        index = len(self.pids)
+        folder = self.run_dir / "emulated"
+        folder.mkdir(parents=True, exist_ok=True)
+        job = {"shards_dir": str(self.shards_dir), "run_dir": str(self.run_dir),
+               "result_path": str(folder / f"result-{index:03d}.json"),
+               "resume_from": self.checkpoint_path, "train_config": self.train_config}
+        job_path = folder / f"job-{index:03d}.json"
+        job_path.write_text(json.dumps(job, indent=1))
+        log = open(folder / f"worker-{index:03d}.log", "w")  # noqa: SIM115 (child owns it)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "trainwise.emulated_worker", str(job_path)],
+            cwd=settings.PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        log.close()
+        self.trainer = _Trainer(process, time.time(), Path(job["result_path"]),
+                                self.checkpoint_path)
+        self.pids.append(process.pid)
+        if self.checkpoint_path is not None:
+            self.resumes += 1
+        holding = self.holding
+        self.record(PROVIDER_POLICY,
+                    {"event": "resume" if self.checkpoint_path else "start",
+                     "pid": process.pid, "node": holding.kind if holding else None,
+                     "from_checkpoint": self.checkpoint_path},
+                    (f"trainer process {process.pid} started on {holding.kind if holding else '?'}"
+                     + (f", resuming from step {self.checkpoint_step}" if self.checkpoint_path
+                        else ", fresh run")),
+                    {"checkpoint_step": float(self.checkpoint_step),
+                     "time_s": self.clock.now_s})
+
+    def stop_trainer(self, reason: str) -> None:
+        """SIGTERM by pid (the spot reclaim notice, or a policy move); SIGKILL after the notice."""
+        trainer = self.trainer
+        if trainer is None or trainer.kill_at_monotonic is not None:
+            return
+        trainer.stop_reason = reason
+        trainer.kill_at_monotonic = time.monotonic() + self.notice_wall_s
+        if trainer.process.poll() is None:
+            os.kill(trainer.process.pid, signal.SIGTERM)
+
+    def end_holding(self, reason: str) -> None:
+        holding = self.holding
+        if holding is not None:
+            holding.end_s, holding.end_reason = self.clock.now_s, reason
+
+    # -- the tick ---------------------------------------------------------------------------
+    def on_tick(self, tick: int) -> None:
+        available = self.market.available_at(tick)
+        holding = self.holding
+        if (holding is not None and holding.kind == replay.SPOT and available < 1
+                and self.steps >= self.max_steps):
+            # Reclaimed while the trainer writes its final eval and checkpoint: the loop has left
+            # its step loop and ignores the notice, so this interrupts nothing. Billing stops.
+            self.end_holding("reclaimed after the last step")
+            self.record(PROVIDER_POLICY, {"event": "reclaimed_after_work"},
+                        "spot reclaimed after the last step: not an interruption",
+                        {"time_s": self.clock.now_s, "steps_done": float(self.steps)})
+        elif holding is not None and holding.kind == replay.SPOT and available < 1:
+            self.preemption_times += (self.clock.now_s,)
+            self.end_holding("preempted")
+            pid = self.trainer.process.pid if self.trainer else None
+            self.record(PROVIDER_POLICY, {"event": "preemption", "pid": pid, "signal": "SIGTERM"},
+                        f"spot reclaimed in {self.market.zone} at trace tick "
+                        f"{self.market.window_start_tick + tick}: SIGTERM to trainer pid {pid}",
+                        {"time_s": self.clock.now_s, "spot_available": float(available),
+                         "steps_done": float(self.steps),
+                         "notice_wall_s": self.notice_wall_s})
+            self.pending_launch = False
+            self.stop_trainer("preemption")
+        if self.finish_s is not None:
+            return
+        observation = replay.build_observation(
+            market=self.market, rules=self.rules, clock=self.clock,
+            work_done_h=self.steps / self.max_steps * self.work_total_h,
+            work_checkpointed_h=self.checkpoint_step / self.max_steps * self.work_total_h,
+            work_total_h=self.work_total_h, deadline_s=self.deadline_s, holding=self.holding,
+            last_kind_zone=self.market.zone if self.holdings else None,
+            since_checkpoint_s=self.clock.now_s - self.checkpoint_time_s,
+            preemption_times_s=self.preemption_times, launch_failed=self.launch_failed)
+        action = self.policy.act(observation)
+        self.launch_failed = False
+        want = (replay.SPOT if action.spot_nodes else
+                replay.ON_DEMAND if action.on_demand_nodes else None)
+        holding = self.holding
+        applied = "keep"
+        if want is None and holding is not None:
+            self.end_holding("released")
+            self.stop_trainer("release")
+            applied = "release"
+        elif want is not None and (holding is None or holding.kind != want):
+            if want == replay.SPOT and available < 1:
+                self.launch_failed, applied = True, "launch_failed"
+            else:
+                self.end_holding(f"switched to {want}")
+                if holding is not None:
+                    self.stop_trainer(f"switch to {want}")
+                self.holdings.append(replay.Holding(
+                    want, self.clock.now_s, self.market.price_usd_per_hour(want)))
+                self.launches += 1
+                self.pending_launch, applied = True, f"launch {want}"
+        self.record(
+            getattr(self.policy, "name", type(self.policy).__name__),
+            {"zone": action.zone, "spot_nodes": action.spot_nodes,
+             "on_demand_nodes": action.on_demand_nodes, "applied": applied, "tick": tick},
+            action.reason, {**{k: float(v) for k, v in action.numbers.items()},
+                            "time_s": self.clock.now_s, "spot_available": float(available),
+                            "work_done_h": observation.work_done_h},
+            {"time_s": observation.time_s, "deadline_s": observation.deadline_s,
+             "work_done_h": observation.work_done_h, "work_total_h": observation.work_total_h,
+             "spot_available": available, "held": holding.kind if holding else None})
+
+    def advance(self, target_s: float) -> None:
+        """Move the clock, handling each tick; stop (freeze) when a process boots or stops."""
+        for tick in self.clock.advance_to(target_s):
+            self.on_tick(tick)
+            if self.frozen:
+                return
+
+    @property
+    def frozen(self) -> bool:
+        """The clock waits while a trainer boots or shuts down, or a launch waits for it."""
+        trainer = self.trainer
+        return self.pending_launch or (trainer is not None and (
+            not trainer.ready or trainer.kill_at_monotonic is not None))
+
+    def poll_trainer(self) -> None:
+        """Collect an exited trainer; kill one past its notice; boot a pending launch."""
+        trainer = self.trainer
+        if trainer is None:
+            if self.pending_launch:
+                self.pending_launch = False
+                self.spawn()
+            return
+        code = trainer.process.poll()
+        if code is None:
+            if trainer.kill_at_monotonic is not None and time.monotonic() > trainer.kill_at_monotonic:
+                os.kill(trainer.process.pid, signal.SIGKILL)
+                trainer.killed = True
+                self.notices_missed += 1
+                trainer.process.wait()
+            else:
+                if not trainer.ready:
+                    self.read_progress()
+                    if trainer.ready:
+                        # Booted: the emulated node's changeover (launch + restore) has passed.
+                        self.advance(self.clock.now_s + self.rules.changeover_s)
+                return
+        self.read_progress()
+        result = (json.loads(trainer.result_path.read_text())
+                  if trainer.result_path.exists() else None)
+        self.trainer = None
+        if result is None and not trainer.killed:
+            log = trainer.result_path.parent / trainer.result_path.name.replace(
+                "result-", "worker-").replace(".json", ".log")
+            raise RuntimeError(f"trainer pid {trainer.process.pid} exited with code {code} and no "
+                               f"result; see {log}")
+        if result is not None and result["status"] == "completed":
+            if self.pending_launch:
+                # The trainer finished while a relaunch waited for it to exit: never booted.
+                self.pending_launch = False
+                self.holdings.pop()
+                self.launches -= 1
+            self.finish_s = self.clock.now_s
+            self.final_eval_loss = result["final_eval_loss"]
+            self.end_holding("completed")
+            self.record(PROVIDER_POLICY, {"event": "completed", "pid": result["pid"]},
+                        f"training done at step {result['steps']}: node released",
+                        {"time_s": self.clock.now_s, "steps": float(result["steps"])})
+            return
+        if result is not None:
+            self.checkpoint_path = result["checkpoint_path"]
+            self.checkpoint_step = int(result["steps"])
+        if trainer.stop_reason == "":
+            raise RuntimeError(f"trainer pid {trainer.process.pid} stopped unasked with status "
+                               f"{result['status'] if result else code}")
+        self.record(PROVIDER_POLICY,
+                    {"event": "trainer_stopped", "pid": trainer.process.pid,
+                     "status": result["status"] if result else "killed"},
+                    f"trainer pid {trainer.process.pid} stopped ({trainer.stop_reason}): "
+                    + (f"checkpoint at step {self.checkpoint_step} within the notice"
+                       if not trainer.killed else "SIGKILL after the notice, work since the "
+                       f"last checkpoint (step {self.checkpoint_step}) lost"),
+                    {"checkpoint_step": float(self.checkpoint_step), "time_s": self.clock.now_s})
+        if self.pending_launch:
+            self.pending_launch = False
+            self.spawn()
+
+
+def _train_config(run_id: str, max_steps: int, market: replay.ReplayMarket,
+                  overrides: dict[str, Any] | None) -> dict[str, Any]:
+    config = {"max_steps": max_steps, "micro_batch_size": 16, "eval_every_steps":
+              max(10, max_steps // 4), "eval_batches": 2, "eval_batch_size": 32,
+              "checkpoint_every_steps": max(10, max_steps // 4), "run_id": run_id,
+              "instance_type": market.instance_type,
+              # The trainer's own wall-clock bill; the emulated bill is the provider's.
+              "price_usd_per_hour": market.on_demand_usd_per_hour,
+              "num_threads": int(settings.get("TRAINWISE_TORCH_THREADS"))}
+    config.update(overrides or {})
+    return config
+
+
+def run_emulated(
+    partition: str,
+    *,
+    max_steps: int,
+    trace_folder: str = DEFAULT_TRACE_FOLDER,
+    zone_file: str = DEFAULT_ZONE_FILE,
+    window_start_tick: int = 0,
+    seconds_per_tick: float = 0.2,
+    policy_name: str = "trainwise_heuristic",
+    deadline_factor: float = 2.0,
+    out_dir: str | Path,
+    data_dir: str | Path | None = None,
+    run_id: str | None = None,
+    step_wall_s_estimate: float = 0.1,
+    min_notice_wall_s: float = 10.0,
+    max_wall_s: float = 600.0,
+    poll_s: float = 0.02,
+    train_overrides: dict[str, Any] | None = None,
+) -> EmulatedResult:
+    """Train `partition` for `max_steps` on the emulated cloud (see the module docstring).
+
+    `out_dir` is a runs root: the run lives in `<out_dir>/<run_id>` (so `trainwise explain
+    RUN_ID` with runs root `out_dir` finds it) and the shards in `<out_dir>/shards/<partition>`.
+    `data_dir` (default: the `TRAINWISE_DATA_DIR` setting) holds the corpora and `spot/`.
+    """
+    from training import shards
+
+    if max_steps < 1:
+        raise ValueError(f"max_steps={max_steps} must be >= 1")
+    if not (seconds_per_tick > 0 and deadline_factor >= 1.0 and step_wall_s_estimate > 0):
+        raise ValueError(f"seconds_per_tick={seconds_per_tick} and step_wall_s_estimate="
+                         f"{step_wall_s_estimate} must be > 0, deadline_factor={deadline_factor} "
+                         ">= 1 (the deadline is a multiple of the work plus one changeover)")
+    started = time.monotonic()
+    out_dir = Path(out_dir)
+    data_dir = Path(data_dir) if data_dir is not None else settings.data_dir()
+    rules = replay.default_rules()
+    emulated_per_wall_s = 195.0 / seconds_per_tick  # refined below with the trace's tick length
+    run_id = run_id or f"emulated-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    shards_dir = out_dir / "shards" / partition
+    if not (shards_dir / "manifest.json").exists():
+        shards.build_shards(partition, data_dir, shards_dir)
+    # Window length needs the deadline, the deadline the tick length: read the trace's tick first.
+    probe = replay.load_replay_market(trace_folder, zone_file, window_start_tick, 1,
+                                      data_dir / "spot")
+    emulated_per_wall_s = probe.tick_s / seconds_per_tick
+    work_total_s = max_steps * step_wall_s_estimate * emulated_per_wall_s
+    deadline_s = deadline_factor * (work_total_s + rules.changeover_s)
+    market = replay.load_replay_market(trace_folder, zone_file, window_start_tick,
+                                       replay.window_ticks(deadline_s, probe.tick_s),
+                                       data_dir / "spot")
+    policy = make_policy(policy_name, **risk_model_kwargs(policy_name, market, trace_folder,
+                                                          data_dir / "spot"))
+    run_dir = out_dir / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    clock = replay.ReplayClock(float(market.tick_s), seconds_per_tick)
+    notice_wall_s = max(min_notice_wall_s, clock.wall_s(rules.notice_s))
+    with SegmentWriter(run_dir / "telemetry", run_id, rank=PROVIDER_RANK) as writer:
+        job = _Emulation(
+            market=market, rules=rules, clock=clock, policy=policy, writer=writer, run_id=run_id,
+            run_dir=run_dir, shards_dir=shards_dir,
+            train_config=_train_config(run_id, max_steps, market, train_overrides),
+            max_steps=max_steps, work_total_h=work_total_s / 3600.0, deadline_s=deadline_s,
+            notice_wall_s=notice_wall_s)
+        job.record(PROVIDER_POLICY, {"event": "job", "trace": market.source, "zone": market.zone,
+                                     "instance_type": market.instance_type},
+                   f"emulated job: {max_steps} steps on {market.instance_type} in {market.zone}, "
+                   f"trace {market.source} from tick {window_start_tick}, "
+                   f"{seconds_per_tick} s wall per {market.tick_s} s tick",
+                   {"deadline_s": deadline_s, "work_total_h": job.work_total_h,
+                    "spot_usd_per_hour": market.spot_usd_per_hour,
+                    "on_demand_usd_per_hour": market.on_demand_usd_per_hour})
+        status = "completed"
+        try:
+            job.advance(0.0)  # tick 0: the first decision
+            last_wall = time.monotonic()
+            while job.finish_s is None:
+                if time.monotonic() - started > max_wall_s:
+                    status = "deadline_exceeded_wall"
+                    break
+                time.sleep(poll_s)
+                now_wall = time.monotonic()
+                elapsed_wall, last_wall = now_wall - last_wall, now_wall
+                job.poll_trainer()
+                if job.finish_s is not None:
+                    break
+                if job.frozen:
+                    continue
+                if job.trainer is not None:
+                    job.read_progress()
+                job.advance(clock.now_s + elapsed_wall * clock.emulated_per_wall_s)
+        finally:
+            if job.trainer is not None and job.trainer.process.poll() is None:
+                os.kill(job.trainer.process.pid, signal.SIGKILL)
+                job.trainer.process.wait()
+            job.end_holding("stopped")
+    holdings = job.holdings
+    return EmulatedResult(
+        status=status, run_id=run_id, run_dir=run_dir, steps=job.steps, max_steps=max_steps,
+        preemptions=len(job.preemption_times), resumes=job.resumes, launches=job.launches,
+        notices_missed=job.notices_missed, spot_share=replay.spot_share(holdings),
+        cost_usd=replay.bill_usd(holdings),
+        spot_node_s=sum(h.billed_s() for h in holdings if h.kind == replay.SPOT),
+        on_demand_node_s=sum(h.billed_s() for h in holdings if h.kind == replay.ON_DEMAND),
+        deadline_s=deadline_s, finish_s=job.finish_s, final_eval_loss=job.final_eval_loss,
+        wall_s=time.monotonic() - started, policy=policy_name, trace_source=market.source,
+        zone=market.zone, instance_type=market.instance_type,
+        window_start_tick=market.window_start_tick, seconds_per_tick=seconds_per_tick,
+        spot_usd_per_hour=market.spot_usd_per_hour,
+        on_demand_usd_per_hour=market.on_demand_usd_per_hour,
+        holdings=tuple(asdict(h) for h in holdings), trainer_pids=tuple(job.pids))
+
+
+def result_record(result: EmulatedResult) -> dict[str, Any]:
+    """JSON-ready figures of a run (paths as strings, the deadline verdict included)."""
+    record = asdict(result)
+    record["run_dir"] = str(result.run_dir)
+    record["deadline_met"] = result.deadline_met
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in record.items()}

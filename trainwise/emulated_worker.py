@@ -1,0 +1,68 @@
+"""The trainer process of the emulated cloud: `python -m trainwise.emulated_worker JOB.json`.
+
+One process = one emulated node's life. It loads the shards, trains (or resumes from the
+checkpoint named in the job file) with `training.loop.train`, and writes what happened to the
+job's `result_path` atomically. SIGTERM (the emulated spot reclaim) is handled by the loop: it
+checkpoints at the next step boundary and returns status "preempted"; this process then exits 0.
+
+Job file (JSON): {"shards_dir", "run_dir", "result_path", "resume_from" (null or a checkpoint
+path), "train_config" (the `TrainConfig` fields, without `model`)}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+REQUIRED_KEYS = ("shards_dir", "run_dir", "result_path", "resume_from", "train_config")
+
+
+def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    """tmp file in the same folder, fsync, rename: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """Trains as the job says; returns the result record (also written to `result_path`)."""
+    missing = [k for k in REQUIRED_KEYS if k not in job]
+    if missing:
+        raise ValueError(f"emulated worker job lacks {missing}; it needs {list(REQUIRED_KEYS)}")
+    from training import loop, shards
+
+    examples = shards.load_shards(Path(job["shards_dir"]))
+    config = loop.TrainConfig(**job["train_config"])
+    result = loop.train(config, examples, None, Path(job["run_dir"]),
+                        resume_from=job["resume_from"])
+    record = {
+        "pid": os.getpid(),
+        "status": result.status,
+        "run_id": result.run_id,
+        "steps": result.steps,
+        "final_eval_loss": result.final_eval_loss,
+        "checkpoint_path": str(result.checkpoint_path),
+        "checkpoint_sha256": result.checkpoint_sha256,
+        "elapsed_s": result.elapsed_s,
+        "resumed_from": job["resume_from"],
+    }
+    write_json_atomic(Path(job["result_path"]), record)
+    return record
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m trainwise.emulated_worker JOB.json", file=sys.stderr)
+        return 2
+    run_job(json.loads(Path(argv[0]).read_text(encoding="utf-8")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
