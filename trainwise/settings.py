@@ -40,7 +40,6 @@ SETTINGS: tuple[Setting, ...] = (
             "$TRAINWISE_HOME/objects"),
     Setting("TRAINWISE_S3_ENDPOINT_URL", "", "S3 endpoint override (moto_server, MinIO); empty = AWS"),
     Setting("TRAINWISE_S3_PREFIX", "trainwise", "key prefix inside the S3 bucket"),
-    Setting("TRAINWISE_CLOUD", "emulated", "how the cloud is run: sim | emulated | aws"),
     Setting("TRAINWISE_INSTANCE_TYPE", "p3.2xlarge", "instance type the emulated node stands for "
             "(sets the USD price)"),
     Setting("TRAINWISE_REGION", "us-west-2", "AWS region whose list prices bill the emulated node"),
