@@ -25,6 +25,7 @@ Model (a step is `dt_s`, a multiple of the trace tick):
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -67,16 +68,20 @@ class SlackPlan:
         # decisions[k, mode, availability, slack] (int8), values[k, mode, availability, slack].
         self.decisions = decisions
         self.values = values
+        # Looked up every tick: plain Python numbers (numpy calls on scalars cost microseconds).
+        self._last_k = decisions.shape[0] - 1
+        self._last_s = decisions.shape[3] - 1
+        self._slack_unit_s = float(inputs.slack_unit_s)
 
     def _index(self, steps_left: float, slack_s: float, mode: int, up: bool, age_s: float
                ) -> tuple[int, int, int, int]:
-        k = int(min(max(round(steps_left), 0), self.decisions.shape[0] - 1))
-        bins = len(self.age_edges_s)
-        age_bin = max(0, min(bins - 1, int(np.searchsorted(self.age_edges_s, age_s,
-                                                            side="right")) - 1))
+        k = int(min(max(round(steps_left), 0), self._last_k))
+        edges = self.age_edges_s
+        bins = len(edges)
+        # bisect_right on the sorted edges is np.searchsorted(side="right"), NaN included.
+        age_bin = max(0, min(bins - 1, bisect.bisect_right(edges, age_s) - 1))
         a = age_bin if up else bins + age_bin
-        s = int(min(max(math.floor(slack_s / self.inputs.slack_unit_s), 0),
-                    self.decisions.shape[3] - 1))
+        s = int(min(max(math.floor(slack_s / self._slack_unit_s), 0), self._last_s))
         return k, mode, a, s
 
     def slack_value_usd_per_h(self, time_left_s: float, slack_s: float, mode: int, up: bool,
@@ -138,22 +143,44 @@ def _transitions(model: PreemptionRiskModel, zone: str, spot_nodes: int, dt_s: f
 
 class _Shift:
     """values[..., s - by_units] along the last axis, linearly interpolated; where that falls
-    below the grid, per-state `floor_values` (the cost of a missed deadline) apply. The index
-    arithmetic is done once per shift amount."""
+    below the grid, the cost of a missed deadline applies. The index arithmetic is done once
+    per shift amount."""
 
     def __init__(self, n: int, by_units: float) -> None:
         pos = np.arange(n) - by_units
         lo = np.floor(pos).astype(int)
         self.w = pos - lo
+        self.one_minus_w = 1 - self.w
         self.inside = lo >= 0
         self.outside = ~self.inside
+        self.any_outside = bool(self.outside.any())
         self.lo = np.clip(lo, 0, n - 1)
         self.hi = np.clip(lo + 1, 0, n - 1)
+        # Usually the inside points read one contiguous run of the grid: slices then give the
+        # same numbers as the gathers, without copying indices (the plan's inner loop).
+        self.first = int(np.argmax(self.inside)) if self.inside.any() else n
+        inner_lo, inner_hi = self.lo[self.first:], self.hi[self.first:]
+        self.slices = None
+        if (self.first < n and bool(self.outside[:self.first].all())
+                and np.array_equal(inner_lo, np.arange(inner_lo[0], inner_lo[0] + inner_lo.size))
+                and np.array_equal(inner_hi, inner_lo + 1)):
+            start = int(inner_lo[0])
+            self.slices = (slice(start, start + inner_lo.size),
+                           slice(start + 1, start + 1 + inner_lo.size))
+            self.inner_w = self.w[self.first:]
+            self.inner_one_minus_w = self.one_minus_w[self.first:]
 
-    def __call__(self, values: np.ndarray, floor_values: np.ndarray) -> np.ndarray:
-        out = values[..., self.lo] * (1 - self.w) + values[..., self.hi] * self.w
-        if self.outside.any():
-            out[..., self.outside] = floor_values[..., self.outside]
+    def __call__(self, values: np.ndarray, floor_usd: float) -> np.ndarray:
+        if self.slices is None:
+            out = values[..., self.lo] * self.one_minus_w + values[..., self.hi] * self.w
+            if self.any_outside:
+                out[..., self.outside] = floor_usd
+            return out
+        lo, hi = self.slices
+        out = np.empty(values.shape)
+        out[..., :self.first] = floor_usd
+        np.add(values[..., lo] * self.inner_one_minus_w, values[..., hi] * self.inner_w,
+               out=out[..., self.first:])
         return out
 
 
@@ -189,44 +216,46 @@ def solve_plan(model: PreemptionRiskModel, zone: str, spot_nodes: int, inputs: P
     values = np.zeros((steps + 1, 3, 2 * bins, n_slack), dtype=np.float32)
     v = np.zeros((3, 2 * bins, n_slack))  # k = 0: the deadline; anything left is missed
     down_up = ~up_mask
+    # The three held modes are solved together, each elementwise step as in a loop over modes
+    # (same arithmetic, same results): a mode's release cost, and which option keeps its set.
+    release_by_mode = release[:, None, None]
+    idle_done = np.where(up_mask, SPOT, ON_DEMAND)[:, None]
+    # Slack levels at or above the time left have no training left (`done`): a tail of the grid.
     for k in range(1, steps + 1):
         time_left = k * dt
-        done = slack >= time_left  # no training left
+        first_done = int(np.searchsorted(slack, time_left, side="left"))
         # Below zero slack: the deadline is missed; finish on on-demand plus the penalty.
         miss_usd = MISS_PENALTY_USD + inputs.on_demand_usd_per_h * (time_left + c) / 3600.0
-        miss = np.full((2 * bins, n_slack), miss_usd)
         ev_idle = p @ v[IDLE]
         ev_od = p @ v[ON_DEMAND]
         # Preempted: idle, after the notice save, with another zone up (hop) or none.
         after = q_hop * v[IDLE][0:1] + (1 - q_hop) * v[IDLE][bins:bins + 1]
-        preempted = shift_save(after, miss[:1])
+        preempted = shift_save(after, miss_usd)
         ev_spot = p_stay_up @ v[SPOT] + end[:, None] * preempted
-        q_idle = shift_dt(ev_idle, miss)
-        q_od_keep = step_od + ev_od
-        q_od_launch = step_od + shift_c(ev_od, miss)
-        q_spot_keep = step_spot + ev_spot
-        q_spot_launch = step_spot + shift_c(ev_spot, miss)
-        q_spot_keep[down_up] = big
+        q_idle = shift_dt(ev_idle, miss_usd)
+        q_od_launch = step_od + shift_c(ev_od, miss_usd)
+        q_spot_launch = step_spot + shift_c(ev_spot, miss_usd)
         q_spot_launch[down_up] = big
-        new_v = np.empty_like(v)
-        for mode in (IDLE, ON_DEMAND, SPOT):
-            options = (
-                q_idle + release[mode],
-                q_od_keep if mode == ON_DEMAND else q_od_launch + release[mode],
-                q_spot_keep if mode == SPOT else q_spot_launch + release[mode],
-            )
-            best = np.where(options[1] < options[0], ON_DEMAND, IDLE)
-            best_v = np.minimum(options[0], options[1])
-            spot_better = options[2] < best_v
-            best[spot_better] = SPOT
-            new_v[mode] = np.where(spot_better, options[2], best_v)
-            decisions[k, mode] = best
-        new_v[:, :, done] = 0.0
-        # Done on the grid (less than a slack unit of training left): finish with what is held,
-        # or start the cheapest set there is; never release a gang that is about to finish.
-        decisions[k, ON_DEMAND][:, done] = ON_DEMAND
-        decisions[k, SPOT][:, done] = SPOT
-        decisions[k, IDLE][:, done] = np.where(up_mask, SPOT, ON_DEMAND)[:, None]
+        # options[option][mode]: idle, on-demand, spot, from each held mode.
+        opt_idle = q_idle + release_by_mode
+        opt_od = q_od_launch + release_by_mode
+        opt_od[ON_DEMAND] = step_od + ev_od  # keep on-demand
+        opt_spot = q_spot_launch + release_by_mode
+        opt_spot[SPOT] = step_spot + ev_spot  # keep spot
+        opt_spot[SPOT][down_up] = big
+        best = np.where(opt_od < opt_idle, ON_DEMAND, IDLE)
+        best_v = np.minimum(opt_idle, opt_od)
+        spot_better = opt_spot < best_v
+        best[spot_better] = SPOT
+        new_v = np.where(spot_better, opt_spot, best_v)
+        decisions[k] = best
+        if first_done < n_slack:
+            new_v[:, :, first_done:] = 0.0
+            # Done on the grid (less than a slack unit of training left): finish with what is
+            # held, or start the cheapest set there is; never release a gang about to finish.
+            decisions[k, ON_DEMAND, :, first_done:] = ON_DEMAND
+            decisions[k, SPOT, :, first_done:] = SPOT
+            decisions[k, IDLE, :, first_done:] = idle_done
         # Spot mode while down cannot happen (the preemption released it): same as idle.
         new_v[SPOT][down_up] = new_v[IDLE][down_up]
         v = new_v

@@ -179,6 +179,7 @@ class PreemptionRiskModel:
         for levels in self._levels.values():
             levels.sort()
         self._cache: dict[tuple, tuple[float, float]] = {}
+        self._found: dict[tuple[str, int, str], HazardCurve] = {}
 
     # Lookup -------------------------------------------------------------------------------------
 
@@ -191,6 +192,12 @@ class PreemptionRiskModel:
 
     def curve(self, zone: str, spot_nodes: int = 1, state: str = UP) -> HazardCurve:
         """The curve used for (zone, spot_nodes, state), after the documented fallbacks."""
+        # Asked every tick: answers already found are kept (a plain int, so True is never
+        # taken for 1; the key's state was valid when it was stored).
+        if type(spot_nodes) is int:
+            found_curve = self._found.get((zone, spot_nodes, state))
+            if found_curve is not None:
+                return found_curve
         if state not in STATES:
             raise ValueError(f"state {state!r} must be one of {STATES}")
         if isinstance(spot_nodes, bool) or not isinstance(spot_nodes, int) or spot_nodes < 1:
@@ -203,7 +210,10 @@ class PreemptionRiskModel:
                 f"no {state} hazard for zone {zone!r} and no pooled ('*') curve to fall back "
                 "on; fit the model with that zone or with a pooled curve"
             )
-        return self.curves[(state, found[0], found[1])]
+        found_curve = self.curves[(state, found[0], found[1])]
+        if type(spot_nodes) is int:
+            self._found[(zone, spot_nodes, state)] = found_curve
+        return found_curve
 
     def has_curve(self, zone: str, spot_nodes: int = 1) -> bool:
         """True when `zone` has its own curves (both states) at some level (no pooled
@@ -223,9 +233,14 @@ class PreemptionRiskModel:
         self, zone: str, age_s: float, horizon_s: float, trace_time_s: float,
         spot_nodes: int, state: str,
     ) -> tuple[float, float]:
-        age_s = self._check("age_s", age_s)
-        horizon_s = self._check("horizon_s", horizon_s)
-        trace_time_s = self._check("trace_time_s", trace_time_s)
+        inf = math.inf
+        # `_check` only when a value is not plainly a finite float >= 0 (the common case).
+        if type(age_s) is not float or not 0.0 <= age_s < inf:
+            age_s = self._check("age_s", age_s)
+        if type(horizon_s) is not float or not 0.0 <= horizon_s < inf:
+            horizon_s = self._check("horizon_s", horizon_s)
+        if type(trace_time_s) is not float or not 0.0 <= trace_time_s < inf:
+            trace_time_s = self._check("trace_time_s", trace_time_s)
         curve = self.curve(zone, spot_nodes, state)
         phase = self._phase_s(trace_time_s)
         if curve.hour_bins > 1:
