@@ -60,7 +60,7 @@ def _preempt_when(telemetry_dir: Path, step: int, stop: threading.Event) -> None
     while not stop.is_set():
         if telemetry_dir.is_dir():
             steps = [e["step"] for e in read_run_events(telemetry_dir) if e["type"] == "step"]
-            if steps and max(steps) >= step:
+            if steps and max(steps) >= step and not stop.is_set():
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
         stop.wait(0.05)

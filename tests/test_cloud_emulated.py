@@ -88,8 +88,11 @@ def test_run_is_preempted_by_sigterm_checkpoints_and_completes(emulated_run):
     trainer = _records(result, rank=0)
     notices = [r for r in trainer if r["type"] == "preemption"]
     assert notices and all(r["signal_name"] == "SIGTERM" for r in notices)
-    reasons = [r["reason"] for r in trainer if r["type"] == "checkpoint"]
-    assert "preemption" in reasons
+    # Each notice is answered with a checkpoint at that very step: written for the preemption,
+    # or already there when the notice landed on a step the interval checkpoint had just saved
+    # (the trainer does not save the same boundary twice).
+    saved_steps = {r["step"] for r in trainer if r["type"] == "checkpoint"}
+    assert all(r["step"] in saved_steps for r in notices)
     # The first process really was a separate trainer that got the signal and said so.
     first = json.loads((result.run_dir / "emulated" / "result-000.json").read_text())
     assert first["status"] == "preempted" and first["pid"] == result.trainer_pids[0]
