@@ -51,21 +51,14 @@ def checkpoint(
     telemetry_store: TelemetryStoreResource,
 ) -> dg.MaterializeResult:
     """A trained model checkpoint (resumable, checksummed) from the current curriculum."""
-    request = runs.TrainRequest(
-        partition=context.partition_key,
-        max_steps=config.max_steps,
-        micro_batch_size=config.micro_batch_size,
-        grad_accum_steps=config.grad_accum_steps,
-        learning_rate=config.learning_rate,
-        eval_every_steps=config.eval_every_steps,
-        seed=config.seed,
-        instance_type=config.instance_type or settings.get("TRAINWISE_INSTANCE_TYPE"),
-        fast_policy=config.fast_policy,
-        fast_every_steps=config.fast_every_steps,
-        data_selection=config.data_selection,
-        run_id=context.run.run_id,
-        region=settings.get("TRAINWISE_REGION"),
-    )
+    # The run config's fields are the request's (a test keeps the two in step).
+    request = runs.TrainRequest(**{
+        **config.model_dump(),
+        "instance_type": config.instance_type or settings.get("TRAINWISE_INSTANCE_TYPE"),
+        "partition": context.partition_key,
+        "run_id": context.run.run_id,
+        "region": settings.get("TRAINWISE_REGION"),
+    })
     summary = runs.run_training(
         request,
         state_dir=state.path(),

@@ -120,3 +120,14 @@ def test_dynamic_data_selection_records_consumption(instance):
     assert params["policy/slow"] == "slow_policy_sensor"
     consumption = Path(meta["telemetry_dir"]) / "consumption.jsonl"
     assert consumption.exists() and consumption.stat().st_size > 0
+
+
+def test_every_run_config_field_reaches_the_train_request():
+    import dataclasses
+
+    from assets.training import TrainRunConfig
+    from trainwise.runs import TrainRequest
+
+    request_fields = {f.name for f in dataclasses.fields(TrainRequest)}
+    assert set(TrainRunConfig.model_fields) <= request_fields
+    assert request_fields - set(TrainRunConfig.model_fields) == {"partition", "run_id", "region"}

@@ -207,6 +207,8 @@ def build_scenarios(
                 window_ticks, math.floor(starts_deadline_h * 3600 / group.market.tick_s)
             )
         starts = window_starts(group.market.n_ticks, starts_ticks, windows_per_zone)
+        # Identifies the scenario family in oracle keys and seeds.
+        key = (setting.name, deadline_h, group.folder, group.instance_type)
         for start in starts:
             window = group.market.window(start, window_ticks)
             for zone in window.zones:
@@ -226,22 +228,8 @@ def build_scenarios(
                         Scenario(
                             kind="single_zone",
                             market=window.zone_market(zone),
-                            oracle_key=(
-                                setting.name,
-                                deadline_h,
-                                group.folder,
-                                group.instance_type,
-                                zone,
-                                start,
-                            ),
-                            seed=_seed(
-                                setting.name,
-                                deadline_h,
-                                group.folder,
-                                group.instance_type,
-                                zone,
-                                start,
-                            ),
+                            oracle_key=(*key, zone, start),
+                            seed=_seed(*key, zone, start),
                             **base,
                         )
                     )
@@ -250,23 +238,8 @@ def build_scenarios(
                         Scenario(
                             kind="multi_zone",
                             market=window,
-                            oracle_key=(
-                                setting.name,
-                                deadline_h,
-                                group.folder,
-                                group.instance_type,
-                                window.zones,
-                                start,
-                            ),
-                            seed=_seed(
-                                setting.name,
-                                deadline_h,
-                                group.folder,
-                                group.instance_type,
-                                zone,
-                                start,
-                                "multi",
-                            ),
+                            oracle_key=(*key, window.zones, start),
+                            seed=_seed(*key, zone, start, "multi"),
                             **base,
                         )
                     )
