@@ -8,7 +8,7 @@ STAMP := $(VENV)/.trainwise-installed
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: venv demo test test-all bench ui lint dbt-parse clean
+.PHONY: venv demo test test-all bench ui metrics lint clean
 
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ bench: venv
 
 ui: venv
 	$(VENV)/bin/trainwise ui
+
+# Live training figures for Prometheus/Grafana on 127.0.0.1:9464 (from the telemetry files).
+metrics: venv
+	$(PY) -m telemetry.prometheus --runs-root $${TRAINWISE_HOME:-.trainwise}/runs --port 9464
 
 lint: venv
 	$(VENV)/bin/ruff check .
