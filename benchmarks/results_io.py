@@ -38,6 +38,23 @@ def git_commit(cwd: Path = PROJECT_ROOT) -> str | None:
     return commit if done.returncode == 0 and commit else None
 
 
+def git_tree_dirty(cwd: Path = PROJECT_ROOT) -> bool | None:
+    """Whether tracked files differ from HEAD (`git status --porcelain -uno`), or None without
+    git. A figure measured on a dirty tree cannot be tied to one commit, so results say so."""
+    try:
+        done = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(done.stdout.strip()) if done.returncode == 0 else None
+
+
 def memory_gib() -> float | None:
     try:
         return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
@@ -61,6 +78,7 @@ def provenance(command: list[str] | None = None) -> dict[str, Any]:
     return {
         "command": " ".join(argv),
         "commit": git_commit(),
+        "tree_dirty": git_tree_dirty(),
         "machine": machine(),
         "date_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
@@ -106,11 +124,17 @@ def write_results(
     md_path = out_dir / f"{stem}.md"
     write_atomic(json_path, (json.dumps(document, indent=1, default=_json_default) + "\n").encode())
     header = (
-        f"<!-- written by `{meta.get('command')}` at commit {meta.get('commit')} on "
-        f"{meta.get('date_utc')} -->\n\n"
+        f"<!-- written by `{meta.get('command')}` at commit {meta.get('commit')}"
+        f"{_dirty_note(meta.get('tree_dirty'))} on {meta.get('date_utc')} -->\n\n"
     )
     write_atomic(md_path, (header + markdown.rstrip() + "\n").encode())
     return json_path, md_path
+
+
+def _dirty_note(tree_dirty: bool | None) -> str:
+    if tree_dirty is None:
+        return " (tree state unknown)"
+    return " with uncommitted changes" if tree_dirty else " (clean tree)"
 
 
 def _json_default(value: Any) -> Any:
