@@ -46,7 +46,7 @@ def curriculum(
     """A versioned manifest of the kept train examples and their loss weights."""
     partition = context.partition_key
     rate = (
-        float(settings.get("TRAINWISE_PRUNING_RATE"))
+        settings.pruning_rate()
         if config.pruning_rate is None
         else config.pruning_rate
     )

@@ -22,9 +22,17 @@ class StateResource(dg.ConfigurableResource):
     home: str = ""
 
     def path(self, *parts: str) -> Path:
+        """A folder under the state folder, created if missing; a state folder that is a file
+        or read-only is a clear error naming TRAINWISE_HOME, not a bare OSError."""
         root = Path(self.home).resolve() if self.home else settings.home_dir()
         target = root.joinpath(*parts)
-        target.mkdir(parents=True, exist_ok=True)
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise settings.SettingError(
+                f"state folder {target} cannot be created ({error.strerror or error}); set "
+                "TRAINWISE_HOME (or the state resource's `home`) to a writable folder"
+            ) from error
         return target
 
     def data_dir(self) -> Path:

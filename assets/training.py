@@ -1,5 +1,6 @@
 """The training run as an asset: a checkpoint, with its cost and eval loss in MLflow."""
 
+from pathlib import Path
 
 import dagster as dg
 
@@ -40,6 +41,28 @@ class TrainRunConfig(dg.Config):
     slow-policy sensor through the run's control file)."""
 
 
+# Run tag recording which training run (run folder, telemetry, checkpoints) a Dagster run drove;
+# a re-execution reads its parent's to resume the same training.
+TRAINING_RUN_TAG = "trainwise/training_run_id"
+
+
+def training_run_id(context: dg.AssetExecutionContext, state_dir: Path) -> str:
+    """The training run this Dagster run drives: the one of its lineage (parent, grandparent,
+    ..., root) that is unfinished and has checkpoints, so a re-execution of a preempted run
+    resumes it; else a new one named after this Dagster run."""
+    candidates: list[str] = []
+    parent_id = context.run.parent_run_id
+    while parent_id:
+        parent = context.instance.get_run_by_id(parent_id)
+        if parent is None:
+            break
+        candidates.append(parent.tags.get(TRAINING_RUN_TAG, parent.run_id))
+        parent_id = parent.parent_run_id
+    if context.run.root_run_id and context.run.root_run_id not in candidates:
+        candidates.append(context.run.root_run_id)
+    return runs.resumable_run_id(state_dir, candidates) or context.run.run_id
+
+
 @dg.asset(partitions_def=data_partitions, group_name="training", deps=[curriculum],
           kinds={"pytorch", "mlflow"})
 def checkpoint(
@@ -50,23 +73,42 @@ def checkpoint(
     object_store: ObjectStoreResource,
     telemetry_store: TelemetryStoreResource,
 ) -> dg.MaterializeResult:
-    """A trained model checkpoint (resumable, checksummed) from the current curriculum."""
+    """A trained model checkpoint (resumable, checksummed) from the current curriculum.
+
+    A run that does not complete (spot preemption) fails with its checkpoint kept; re-executing
+    it resumes from the last good checkpoint under the same training run id."""
+    state_dir = state.path()
+    run_id = training_run_id(context, state_dir)
+    context.instance.add_run_tags(context.run.run_id, {TRAINING_RUN_TAG: run_id})
+    if run_id != context.run.run_id:
+        context.log.info(f"resuming training run {run_id} from its last good checkpoint")
     # The run config's fields are the request's (a test keeps the two in step).
     request = runs.TrainRequest(**{
         **config.model_dump(),
         "instance_type": config.instance_type or settings.get("TRAINWISE_INSTANCE_TYPE"),
         "partition": context.partition_key,
-        "run_id": context.run.run_id,
+        "run_id": run_id,
         "region": settings.get("TRAINWISE_REGION"),
     })
-    summary = runs.run_training(
-        request,
-        state_dir=state.path(),
-        tracking_uri=mlflow.uri(),
-        experiment=mlflow.experiment,
-        store=object_store.store(),
-        duckdb_path=telemetry_store.db_path(),
-        progress=True,
-    )
+    try:
+        summary = runs.run_training(
+            request,
+            state_dir=state_dir,
+            tracking_uri=mlflow.uri(),
+            experiment=mlflow.experiment,
+            store=object_store.store(),
+            duckdb_path=telemetry_store.db_path(),
+            progress=True,
+        )
+    except runs.RunInterruptedError as stopped:
+        # Not a success: the partial model is no materialization. Everything needed to resume
+        # is in the metadata; allow_retries lets a run-retry policy resume it automatically.
+        raise dg.Failure(
+            description=str(stopped),
+            metadata={**stopped.summary.metadata(), "resume": stopped.resume_hint},
+            allow_retries=True,
+        ) from stopped
+    if summary.pending:
+        context.log.warning(f"training completed, but: {summary.pending}")
     context.log.info(summary.one_line())
     return dg.MaterializeResult(metadata=summary.metadata())

@@ -16,10 +16,22 @@ The replay (one spot node, one zone):
 - Spot availability at tick i is `available[i]` of the window; after the window, spot is treated
   as unavailable (no market data), so a policy falls back to on-demand.
 
-Billing rule (the simulator's, per emulated second): every holding (a launched node, spot or
-on-demand) is billed from its launch to its end (preemption, release, or the end of training) at
-its price per hour. The first `changeover_s` of each holding is the changeover delay, billed
-like the rest. So `cost_usd = sum((end_s - launch_s) * price_usd_per_hour / 3600)`.
+Billing rule (per emulated second): every holding (a launched node, spot or on-demand) is billed
+from its launch until the node is down, at its price per hour. A node is down when training ends
+on it, or, once it was told to stop (spot reclaim notice, release, switch), when its trainer
+process exits or the notice runs out (the provider reclaims or kills it), whichever comes first:
+`node_down_s`. The clock is frozen while a trainer shuts down (this machine's seconds), so the
+shutdown's wall seconds are converted at replay speed, at most `notice_s`. Every second a node
+was up is billed, including the work a killed trainer did after its last checkpoint. The first
+`changeover_s` of each holding is the changeover delay, billed like the rest. So
+`cost_usd = sum((end_s - launch_s) * price_usd_per_hour / 3600)`. Unlike the simulator (whose
+notice falls inside the tick before the reclaim), a notice here arrives at the tick boundary, so
+a stopped node costs up to `notice_s` more here than there.
+
+Preemption waste: steps a resumed trainer runs again because the killed one had recorded them
+after its last checkpoint (`replayed_steps`), at the emulated seconds a step stands for
+(`work_total_s / max_steps`) and the price of the node that re-runs them. They are billed (the
+node was up) but are not training progress: `ReplayWaste` keeps them apart from useful work.
 
 References: Wu et al., "Can't Be Late", NSDI'24 (the traces and the 0.1 h changeover);
 skypilot-org/spot-traces (the trace files); AWS's two-minute spot interruption notice.
@@ -28,7 +40,7 @@ skypilot-org/spot-traces (the trace files); AWS's two-minute spot interruption n
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,19 +167,66 @@ def find_drop_window(
 
 @dataclass
 class Holding:
-    """One launched node, billed from `launch_s` to `end_s` (emulated seconds since job start)."""
+    """One launched node, billed from `launch_s` to `end_s` (emulated seconds since job start).
+
+    `end_s` is first set when the node stops being the job's (notice, release, end of training);
+    for a node told to stop (`notice_at_s`) it moves to the moment the node went down once its
+    trainer exits (`node_down_s`). `trainer_exit_s` is that exit (None: no trainer ran on it or it
+    ended with the job)."""
 
     kind: str
     launch_s: float
     price_usd_per_hour: float
     end_s: float | None = None
     end_reason: str = ""
+    notice_at_s: float | None = None
+    trainer_exit_s: float | None = None
 
     def billed_s(self, now_s: float | None = None) -> float:
         end = self.end_s if self.end_s is not None else now_s
         if end is None:
             raise ValueError("holding is still open: pass now_s to bill it so far")
         return max(0.0, end - self.launch_s)
+
+
+def node_down_s(notice_at_s: float, shutdown_wall_s: float, emulated_per_wall_s: float,
+                notice_s: float) -> float:
+    """When a node told to stop at `notice_at_s` goes down: its trainer's exit, `shutdown_wall_s`
+    wall seconds after the notice at replay speed, or the end of the notice (reclaimed, or killed
+    by the provider), whichever comes first. Emulated seconds since job start."""
+    if shutdown_wall_s < 0 or emulated_per_wall_s <= 0 or notice_s < 0:
+        raise ValueError(f"shutdown_wall_s={shutdown_wall_s} and notice_s={notice_s} must be >= 0, "
+                         f"emulated_per_wall_s={emulated_per_wall_s} > 0")
+    return notice_at_s + min(notice_s, shutdown_wall_s * emulated_per_wall_s)
+
+
+def replayed(recorded_steps: Iterable[int]) -> list[bool]:
+    """For each step event of a run, in the order the trainers wrote them, whether it re-ran a
+    step already recorded (a trainer resumed from a checkpoint older than its killed
+    predecessor's last step, or started over without one)."""
+    done, flags = 0, []
+    for step in recorded_steps:
+        flags.append(int(step) <= done)
+        done = max(done, int(step))
+    return flags
+
+
+@dataclass(frozen=True)
+class ReplayWaste:
+    """Steps re-run after resumes: billed (the node was up) but not training progress."""
+
+    replayed_steps: int
+    waste_s: float  # emulated seconds the replayed steps took
+    waste_usd: float  # at the price of the node that re-ran each of them
+
+
+def replay_waste(replayed_steps: int, step_s: float, price_usd_per_hour: float) -> ReplayWaste:
+    """What `replayed_steps` re-run steps cost on one node: `step_s` emulated seconds a step."""
+    if replayed_steps < 0 or step_s < 0 or price_usd_per_hour < 0:
+        raise ValueError(f"replayed_steps={replayed_steps}, step_s={step_s} and "
+                         f"price_usd_per_hour={price_usd_per_hour} must be >= 0")
+    waste_s = replayed_steps * step_s
+    return ReplayWaste(replayed_steps, waste_s, waste_s * price_usd_per_hour / 3600.0)
 
 
 def bill_usd(holdings: list[Holding], now_s: float | None = None) -> float:

@@ -12,9 +12,15 @@ import time
 
 import dagster as dg
 
+from assets.resources import (
+    MLflowResource,
+    ObjectStoreResource,
+    StateResource,
+    TelemetryStoreResource,
+)
 from pipelines.definitions import defs
-from trainwise import settings
-from trainwise.runs import RunSummary
+from trainwise import preflight, settings
+from trainwise.runs import RunFailedError, RunSummary
 
 
 def default_partition() -> str:
@@ -25,8 +31,34 @@ def default_partition() -> str:
     return "tinyshakespeare" if corpus.exists() else "pystdlib"
 
 
+def check_before_demo() -> None:
+    """Paths and services the demo's training needs, checked before the data build (about
+    35 s) rather than after it; raises preflight.PreflightError naming each setting."""
+    preflight.check_services(
+        state_dir=StateResource().path(),
+        duckdb_path=TelemetryStoreResource().db_path(),
+        tracking_uri=MLflowResource().uri(),
+        store=ObjectStoreResource().store(),
+    )
+
+
+def _failure_messages(result: dg.ExecuteInProcessResult) -> str:
+    """Each failed step's own error (Dagster wraps the user's exception; its cause is the text
+    a person needs)."""
+    lines = []
+    for event in result.get_step_failure_events():
+        error = event.step_failure_data.error
+        while error is not None and error.cause is not None and \
+                "Error occurred while executing" in error.message:
+            error = error.cause
+        if error is not None:
+            lines.append(f"{event.step_key}: {error.message.strip()}")
+    return "\n".join(lines)
+
+
 def run_demo(partition: str = "", max_steps: int = 300) -> str:
     partition = partition or default_partition()
+    check_before_demo()
     # The summary says where MLflow is; its table-creation notices are noise here.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     logging.getLogger("mlflow").setLevel(logging.WARNING)
@@ -39,9 +71,12 @@ def run_demo(partition: str = "", max_steps: int = 300) -> str:
             "ops": {"checkpoint": {"config": {"max_steps": max_steps}}},
             "loggers": {"console": {"config": {"log_level": "WARNING"}}},
         },
+        raise_on_error=False,
     )
     materializations = result.asset_materializations_for_node("checkpoint")
     if not result.success or not materializations:
-        raise RuntimeError(f"demo run {result.run_id} failed: see `make ui` for its logs")
+        raise RunFailedError(
+            f"demo run {result.run_id} did not complete (logs: `make ui`, then Runs):\n"
+            f"{_failure_messages(result) or 'no step reported an error'}")
     summary = RunSummary.from_metadata(materializations[-1].metadata)
     return summary.report(wall_s=time.monotonic() - started, dagster_run_id=result.run_id)

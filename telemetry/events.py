@@ -48,6 +48,16 @@ class RunStartEvent(Event):
     resumed_from: str | None = None
     # Curriculum version of the checkpoint when a resume switched to a new curriculum.
     previous_curriculum_version: str | None = None
+    # Resume after a process died past its checkpoint: its telemetry recorded steps up to
+    # `replay_to_step`, the checkpoint holds `replay_from_step`; the steps in between are done
+    # again (preemption waste, not new training). `lost_s`: seconds billed since the checkpoint
+    # that it does not hold (the billing clock restarts after them). None: fresh run, or no
+    # telemetry of the run to compare with (records written before these fields also read None).
+    replay_from_step: int | None = None
+    replay_to_step: int | None = None
+    lost_s: float | None = None
+    # Checkpoints a resume from a folder skipped because they failed their check: {path, reason}.
+    skipped_checkpoints: list[dict[str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,16 +95,23 @@ class EvalEvent(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointEvent(Event):
-    """A checkpoint was written atomically."""
+    """A checkpoint is durable (written atomically with its manifest). `step` is the
+    checkpoint's step: a background persist is recorded a few steps after its snapshot."""
 
     TYPE: ClassVar[str] = "checkpoint"
 
     path: str
     sha256: str
     size_bytes: int
+    # Milliseconds training was blocked by this checkpoint (the checkpoint's overhead): for a
+    # background persist the wait for the previous one plus the in-memory snapshot, for a
+    # synchronous one the whole write.
     save_ms: float
-    # "interval", "fast_policy", "preemption", "stop", "final"
+    # "interval", "fast_policy", "preemption", "stop", "final", "migrate", "telemetry_failed"
     reason: str
+    snapshot_ms: float | None = None  # copying the state in memory (part of save_ms)
+    persist_ms: float | None = None  # serialise + write + fsync + manifest
+    asynchronous: bool = False  # persisted in the background while training went on
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,10 +1,20 @@
-"""Reads a run's telemetry segments back, in order.
+"""Reads a run's telemetry segments back, in order, and refuses malformed files by name.
 
 Order: rank, then segment index, then line. A sealed segment (it has its `.complete` marker) is
-read up to the marker's line count and checked against the marker's sha256. An open segment (its
-writer is running, or was killed) is read up to its last newline: a trailing fragment without a
-newline is a torn line and is skipped. A newline-terminated line that is not JSON is corruption
-and raises.
+read up to the marker's byte count and checked against the marker's line count and sha256. An
+open segment (its writer is running, or was killed) is read up to its last newline.
+
+What is skipped and what raises (defect 10 of issue 8):
+- Skipped, silently as before: the trailing fragment without a newline of an OPEN segment. It is
+  the line a live writer is writing right now (or a killed one was writing); it is never a lost
+  row, because the writer either finishes it or a resumed writer seals the segment without it.
+- Raises `TelemetryFormatError` (a `ValueError`) naming the file, the 1-based line number and the
+  fix, for everything else: a completion marker that is not JSON, lacks a field, or does not
+  match the segment (truncated, edited, or appended to after sealing); a newline-terminated line
+  that is not UTF-8, not JSON (NaN/Infinity included, DuckDB's JSON refuses them), not a JSON
+  object (an array, a string), or whose `type`, `run_id`, `rank` or `step` is missing or out of
+  range (a step beyond BIGINT, a rank that is not the folder's). Such a line is corruption or a
+  hostile file; skipping it would silently lose a row, so the reader stops and says how to fix.
 """
 
 from __future__ import annotations
@@ -19,6 +29,13 @@ from typing import Any
 from telemetry.writer import SEGMENT_PATTERN, marker_path
 
 _RANK_PATTERN = re.compile(r"^rank(\d+)$")
+_MAX_BIGINT = 2**63 - 1  # DuckDB's BIGINT, the `step` column of the store
+_FIX = ("move the file (and its .complete marker) out of the run folder, or restore it from a "
+        "copy, then re-ingest the run (telemetry.store.ingest)")
+
+
+class TelemetryFormatError(ValueError):
+    """A segment or its marker is malformed; the message names the file, line and fix."""
 
 
 @dataclass(frozen=True)
@@ -56,30 +73,101 @@ def list_segments(run_dir: str | Path) -> list[Segment]:
     return sorted(found, key=lambda s: (s.rank, s.index))
 
 
+def _read_marker(segment: Segment) -> dict[str, int | str]:
+    path = marker_path(segment.path)
+    try:
+        marker = json.loads(path.read_bytes().decode("utf-8"))
+        fields = {
+            "bytes": int(marker["bytes"]),
+            "lines": int(marker["lines"]),
+            "sha256": str(marker["sha256"]),
+            "torn_bytes": int(marker.get("torn_bytes", 0)),
+        }
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as error:
+        raise TelemetryFormatError(
+            f"completion marker {path} of telemetry segment {segment.path} is malformed "
+            f"({type(error).__name__}: {error}); delete the marker so the segment is read as an "
+            f"open segment (its complete lines are kept), or {_FIX}"
+        ) from error
+    if fields["bytes"] < 0 or fields["lines"] < 0 or fields["torn_bytes"] < 0:
+        raise TelemetryFormatError(
+            f"completion marker {path} has a negative count; delete the marker so the segment is "
+            f"read as an open segment, or {_FIX}"
+        )
+    return fields
+
+
+def _sealed_body(segment: Segment, data: bytes) -> bytes:
+    marker = _read_marker(segment)
+    size = int(marker["bytes"])
+    body = data[:size]
+    intact = (len(body) == size and body.count(b"\n") == marker["lines"]
+              and hashlib.sha256(body).hexdigest() == marker["sha256"])
+    if not intact:
+        raise TelemetryFormatError(
+            f"telemetry segment {segment.path} does not match its completion marker "
+            f"{marker_path(segment.path)} (truncated or edited after sealing); {_FIX}"
+        )
+    if len(data) > size + int(marker["torn_bytes"]):
+        raise TelemetryFormatError(
+            f"telemetry segment {segment.path} has {len(data) - size} bytes after its sealed end "
+            f"(written after sealing: two writers on one rank?); {_FIX}"
+        )
+    return body
+
+
+def _bad_line(segment: Segment, line_no: int, problem: str) -> TelemetryFormatError:
+    return TelemetryFormatError(
+        f"telemetry segment {segment.path} line {line_no + 1} {problem}; {_FIX}"
+    )
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_line(segment: Segment, line_no: int, raw: bytes) -> dict[str, Any]:
+    """One newline-stripped line as a validated record; `line_no` counts from 0."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise _bad_line(segment, line_no, f"is not UTF-8 ({error})") from error
+    try:
+        record = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as error:
+        raise _bad_line(segment, line_no, f"is not JSON ({error})") from error
+    if not isinstance(record, dict):
+        raise _bad_line(segment, line_no,
+                        f"is a JSON {type(record).__name__}, not an object (one event per line)")
+    if not isinstance(record.get("type"), str) or not isinstance(record.get("run_id"), str):
+        raise _bad_line(segment, line_no, "lacks the string fields 'type' and 'run_id'")
+    rank = record.get("rank")
+    if type(rank) is not int or rank != segment.rank:
+        raise _bad_line(segment, line_no,
+                        f"has rank {rank!r} but lies in the folder of rank {segment.rank}")
+    step = record.get("step")
+    if type(step) is not int or not 0 <= step <= _MAX_BIGINT:
+        raise _bad_line(segment, line_no,
+                        f"has step {str(step)[:40]!r}; a step is an integer in [0, 2**63)")
+    wall_time_s = record.get("wall_time_s")
+    if wall_time_s is not None and type(wall_time_s) not in (int, float):
+        raise _bad_line(segment, line_no, f"has wall_time_s {str(wall_time_s)[:40]!r}, not a number")
+    return record
+
+
 def read_segment_lines(segment: Segment) -> list[tuple[int, dict[str, Any]]]:
     """(line_no from 0, record) for every complete line of one segment."""
     data = segment.path.read_bytes()
     if segment.complete:
-        marker = json.loads(marker_path(segment.path).read_text(encoding="utf-8"))
-        body = data[: int(marker["bytes"])]
-        intact = hashlib.sha256(body).hexdigest() == marker["sha256"]
-        if len(body) != int(marker["bytes"]) or not intact:
-            raise ValueError(
-                f"telemetry segment {segment.path} does not match its completion marker "
-                "(truncated or edited after sealing); restore it or delete the run's telemetry"
-            )
+        body = _sealed_body(segment, data)
     else:
-        body = data[: data.rfind(b"\n") + 1]  # drops a torn trailing fragment
-    records = []
-    for line_no, raw in enumerate(body.decode("utf-8").splitlines()):
-        try:
-            records.append((line_no, json.loads(raw)))
-        except json.JSONDecodeError as error:
-            raise ValueError(
-                f"telemetry segment {segment.path} line {line_no} is not JSON ({error}); the file "
-                "is corrupt: restore it or delete the run's telemetry"
-            ) from error
-    return records
+        body = data[: data.rfind(b"\n") + 1]  # drops a torn trailing fragment (see module doc)
+    if not body:
+        return []
+    return [
+        (line_no, parse_line(segment, line_no, raw))
+        for line_no, raw in enumerate(body[:-1].split(b"\n"))
+    ]
 
 
 def read_run_events(run_dir: str | Path, *, rank: int | None = None) -> list[dict[str, Any]]:
@@ -90,3 +178,24 @@ def read_run_events(run_dir: str | Path, *, rank: int | None = None) -> list[dic
         if rank is None or segment.rank == rank
         for _, record in read_segment_lines(segment)
     ]
+
+
+def latest_recorded(run_dir: str | Path) -> tuple[int, float] | None:
+    """(max step, max elapsed_s) over the step and run_end events of a run's telemetry.
+
+    None when the folder does not exist or holds no such event (a fresh run). Used at resume to
+    bill the work a killed process did after its last checkpoint. Malformed files raise
+    `TelemetryFormatError` like every reader here.
+    """
+    if not Path(run_dir).is_dir():
+        return None
+    steps, elapsed = [], []
+    for record in read_run_events(run_dir):
+        if record["type"] in ("step", "run_end"):
+            steps.append(record["step"])
+            value = record.get("elapsed_s")
+            if type(value) in (int, float):
+                elapsed.append(float(value))
+    if not steps:
+        return None
+    return max(steps), max(elapsed, default=0.0)

@@ -13,6 +13,12 @@ never appended to after their writer is gone, which keeps ingestion keys stable.
 
 Why files and not a database: a training rank must never block on, or hold the lock of, a shared
 database (DuckDB admits one writer per file); `telemetry.store.ingest` loads segments later.
+
+A write that fails (disk full, I/O error) raises `TelemetryWriteError` after truncating the
+segment back to its last complete line, so the file stays readable and no torn line is left;
+the writer stays usable for `close()` (and for a retry once space is freed). Lines go straight to
+the file descriptor (`os.write`, no user-space buffer), so nothing half-written can be flushed
+later behind the truncation.
 """
 
 from __future__ import annotations
@@ -22,12 +28,18 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Self, TextIO
+from typing import Any, Self
 
 from telemetry.events import Event, to_record
 
 SEGMENT_PATTERN = re.compile(r"^segment-(\d{5})\.jsonl$")
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_write_fd = os.write  # the one call that appends lines; fault-injection tests replace it
+
+
+class TelemetryWriteError(OSError):
+    """A telemetry line could not be written (ENOSPC, EIO, ...); the segment was truncated back
+    to its last complete line. `errno` is the failed write's."""
 
 
 def segment_name(index: int) -> str:
@@ -53,11 +65,15 @@ def rank_dir(telemetry_dir: Path, run_id: str, rank: int) -> Path:
 
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk must not leave half a marker behind
+        raise
 
 
 def seal_segment(segment_path: Path, *, recovered: bool = False) -> dict[str, Any]:
@@ -96,8 +112,10 @@ class SegmentWriter:
         self.events_per_segment = events_per_segment
         self.directory = rank_dir(Path(telemetry_dir), run_id, rank)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._handle: TextIO | None = None
+        self._fd: int | None = None
         self._lines_in_segment = 0
+        self._good_bytes = 0  # bytes of complete lines in the open segment
+        self._write_failed = False  # a TelemetryWriteError was raised: close() must not raise
         self._next_index = self._recover_and_next_index()
         self.segment_path: Path | None = None
 
@@ -115,23 +133,56 @@ class SegmentWriter:
     def _open_next(self) -> None:
         self.segment_path = self.directory / segment_name(self._next_index)
         self._next_index += 1
-        # "x": a segment is never reopened; an existing file here means two writers on one rank.
-        # No context manager: the handle stays open across writes and _seal_current closes it.
-        self._handle = open(self.segment_path, "x", encoding="utf-8")  # noqa: SIM115
+        # O_EXCL: a segment is never reopened; an existing file here means two writers on one rank.
+        self._fd = os.open(self.segment_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         self._lines_in_segment = 0
+        self._good_bytes = 0
 
     def _seal_current(self) -> None:
-        if self._handle is None:
+        if self._fd is None:
             return
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
-        self._handle.close()
-        self._handle = None
+        fd, self._fd = self._fd, None
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         assert self.segment_path is not None
         seal_segment(self.segment_path)
 
+    def _append(self, data: bytes) -> None:
+        """Writes all of `data` at the end of the complete lines, or truncates back and raises."""
+        assert self._fd is not None and self.segment_path is not None
+        written = 0
+        try:
+            while written < len(data):
+                written += _write_fd(self._fd, data[written:])
+        except OSError as error:
+            try:  # drop the partial line so the segment ends at a newline
+                os.ftruncate(self._fd, self._good_bytes)
+                os.lseek(self._fd, self._good_bytes, os.SEEK_SET)
+            except OSError as cleanup_error:
+                error.add_note(f"truncating {self.segment_path} back failed too: {cleanup_error}")
+            raise self._failure(
+                error, f"cut back to its last complete line ({self._good_bytes} bytes) and stays "
+                "readable") from error
+        self._good_bytes += len(data)
+
+    def _failure(self, error: OSError, state: str) -> TelemetryWriteError:
+        self._write_failed = True
+        message = (
+            f"could not write telemetry segment {self.segment_path} ({error.strerror or error}); "
+            f"the segment was {state}. Free space on that file system (or replace the failing "
+            "device), then resume the run"
+        )
+        if error.errno is None:
+            return TelemetryWriteError(message)
+        return TelemetryWriteError(error.errno, message)
+
     def write(self, event: Event | dict[str, Any]) -> None:
-        """Appends one event as one flushed line; rolls the segment when it is full."""
+        """Appends one event as one line with one write; rolls the segment when it is full.
+
+        Raises `TelemetryWriteError` when the write fails (see the module doc).
+        """
         record = to_record(event) if isinstance(event, Event) else dict(event)
         if record.get("run_id") != self.run_id or record.get("rank") != self.rank:
             raise ValueError(
@@ -139,18 +190,33 @@ class SegmentWriter:
                 f"writer of run {self.run_id!r} rank {self.rank}; write it with its own writer"
             )
         line = json.dumps(record, allow_nan=False, separators=(",", ":")) + "\n"
-        if self._handle is None:
-            self._open_next()
-        assert self._handle is not None
-        self._handle.write(line)
-        self._handle.flush()
+        if self._fd is None:
+            try:
+                self._open_next()
+            except OSError as error:
+                raise self._failure(error, "not created") from error
+        self._append(line.encode("utf-8"))
         self._lines_in_segment += 1
         if self._lines_in_segment >= self.events_per_segment:
-            self._seal_current()
+            try:
+                self._seal_current()
+            except OSError as error:  # the line is durable; only the marker could not be written
+                raise self._failure(
+                    error, "not sealed: its lines are intact and it is read as an open segment"
+                ) from error
 
     def close(self) -> None:
-        """Seals the open segment (if any). Further writes start a new segment."""
-        self._seal_current()
+        """Seals the open segment (if any). Further writes start a new segment.
+
+        After a failed write, when sealing fails too (the disk is still full) the segment is left
+        open, which readers handle (complete lines up to the last newline) and the next writer of
+        this rank seals as recovered; close does not raise then, so it cannot mask the error being handled.
+        """
+        try:
+            self._seal_current()
+        except OSError:
+            if not self._write_failed:
+                raise
 
     def __enter__(self) -> Self:
         return self

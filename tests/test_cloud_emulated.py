@@ -42,6 +42,30 @@ def test_bill_is_emulated_seconds_held_times_price():
         replay.bill_usd(holdings)
 
 
+def test_a_stopped_node_is_billed_until_its_trainer_exits_or_the_notice_ends():
+    # Notice at 780 s; the trainer takes 0.05 wall s to checkpoint and exit at 975x replay speed:
+    # the node is up 48.75 emulated s more. A trainer that never exits is reclaimed after 120 s.
+    assert replay.node_down_s(780.0, 0.05, 975.0, 120.0) == pytest.approx(828.75)
+    assert replay.node_down_s(780.0, 10.0, 975.0, 120.0) == pytest.approx(900.0)
+    holding = replay.Holding("spot", 0.0, 0.612, end_s=780.0, notice_at_s=780.0)
+    holding.end_s = replay.node_down_s(780.0, 10.0, 975.0, 120.0)
+    assert replay.bill_usd([holding]) == pytest.approx(900.0 * 0.612 / 3600.0)
+    with pytest.raises(ValueError, match="shutdown_wall_s"):
+        replay.node_down_s(780.0, -1.0, 975.0, 120.0)
+
+
+def test_replayed_steps_are_waste_not_progress():
+    # Trainer 1 recorded steps 1-7 and was killed; trainer 2 resumed from the step-5 checkpoint
+    # and re-ran 6 and 7; trainer 3 started over (no checkpoint) and re-ran 1-2 before finishing.
+    written = [1, 2, 3, 4, 5, 6, 7, 6, 7, 8]
+    assert replay.replayed(written) == [False] * 7 + [True, True, False]
+    assert sum(replay.replayed([1, 2, 3, 1, 2, 3, 4])) == 3
+    waste = replay.replay_waste(2, step_s=9.75, price_usd_per_hour=3.06)
+    assert waste.replayed_steps == 2
+    assert waste.waste_s == pytest.approx(2 * 9.75)
+    assert waste.waste_usd == pytest.approx(2 * 9.75 * 3.06 / 3600.0)
+
+
 def test_drop_window_search_and_synthetic_label():
     values = np.array([0, 0, 1, 1, 1, 0, 0, 1, 1])
     assert replay.find_drop_window(values, up_ticks=3, max_down_ticks=2) == 2
@@ -153,3 +177,69 @@ def test_decisions_are_slow_layer_events_that_explain_shows(emulated_run):
     assert events.count("resume") == result.resumes
     text = timeline(result.run_id, out)
     assert "spot reclaimed" in text and "resuming from step" in text
+
+
+def test_every_second_a_node_was_up_is_billed(emulated_run):
+    _, result = emulated_run
+    uptimes_s = []
+    for holding in result.holdings:
+        assert holding["end_s"] is not None
+        down_s = holding["end_s"]
+        if holding["notice_at_s"] is not None:
+            # Told to stop: billed past the notice until its trainer exited, at most the notice.
+            assert holding["trainer_exit_s"] is not None
+            assert holding["notice_at_s"] < holding["trainer_exit_s"] <= holding["end_s"]
+            assert holding["end_s"] - holding["notice_at_s"] <= 120.0 + 1e-9
+            down_s = holding["trainer_exit_s"]
+        uptimes_s.append(down_s - holding["launch_s"])
+    billed_s = result.spot_node_s + result.on_demand_node_s
+    assert billed_s >= sum(uptimes_s) - 1e-9
+    assert result.stopping_node_s > 0  # the preempted node's shutdown is on the bill
+    # Every notice was answered with a checkpoint: nothing re-run, all steps useful.
+    assert result.replayed_steps == 0 and result.preemption_waste_usd == 0.0
+    step_s = result.useful_train_s / MAX_STEPS
+    assert step_s > 0
+
+
+@pytest.fixture(scope="module")
+def ignored_notice_run(tmp_path_factory):
+    """Trainers that never answer the notice (SIGTERM blocked): each preemption is a SIGKILL, and
+    with no interval checkpoints the next trainer starts over."""
+    from trainwise.emulated import run_emulated
+
+    out = tmp_path_factory.mktemp("emulated_killed")
+    return run_emulated("pystdlib", max_steps=IGNORED_MAX_STEPS, trace_folder=FOLDER,
+                        zone_file=ZONE_FILE, window_start_tick=_window_start(),
+                        seconds_per_tick=0.2, policy_name="trainwise_heuristic",
+                        deadline_factor=2.0, out_dir=out, run_id="emu-killed", max_wall_s=240,
+                        min_notice_wall_s=1.0, trainer_ignores_notice=True,
+                        train_overrides={"checkpoint_every_steps": 0})
+
+
+IGNORED_MAX_STEPS = 30
+
+
+@pytest.mark.slow  # a second emulated job (about 90 s on a shared 2-core machine)
+def test_killed_work_is_billed_and_replayed_steps_are_waste(ignored_notice_run):
+    result = ignored_notice_run
+    assert result.status == "completed" and result.steps == IGNORED_MAX_STEPS
+    assert result.notices_missed >= 1
+    preempted = [h for h in result.holdings if h["end_reason"] == "preempted"]
+    stopping_s = [h["end_s"] - h["notice_at_s"] for h in preempted]
+    # Billed past the notice until the trainer was down; a SIGKILLed one for the whole notice.
+    assert stopping_s and all(0 < s <= 120.0 + 1e-9 for s in stopping_s)
+    assert max(stopping_s) == pytest.approx(120.0)
+    # The steps each killed trainer recorded (none of them checkpointed) are run again. (A
+    # trainer may also finish inside the notice, SIGTERM blocked: it is then not replayed.)
+    steps = [r for r in _records(result, rank=0) if r["type"] == "step"]
+    starts = [r["wall_time_s"] for r in _records(result, rank=0) if r["type"] == "run_start"]
+    assert len(starts) == len(result.trainer_pids)
+    # Each trainer starts over at step 1 (nothing checkpointed), so every step event beyond the
+    # job's own steps is a replay.
+    assert [r["step"] for r in steps].count(1) == len(starts)
+    assert result.replayed_steps == len(steps) - IGNORED_MAX_STEPS > 0
+    step_s = result.useful_train_s / IGNORED_MAX_STEPS
+    assert result.preemption_waste_s == pytest.approx(result.replayed_steps * step_s)
+    assert 0 < result.preemption_waste_usd < result.cost_usd
+    # Useful training counts the job's steps once; the replays are waste, not training.
+    assert result.useful_train_s == pytest.approx(IGNORED_MAX_STEPS * step_s)

@@ -1,10 +1,17 @@
 """MLflowResource against a real `mlflow server` on loopback."""
 
+import socket
+import socketserver
+import threading
+import time
+from urllib.parse import urlsplit
+
 import pytest
 
 from assets.resources import MLflowResource
 from tests import servers
 from trainwise import tracking
+from trainwise.services import Backoff
 
 pytestmark = pytest.mark.integration
 
@@ -50,3 +57,75 @@ def test_run_logged_through_resource_lands_on_server(mlflow_server, tmp_path, mo
     assert [m.value for m in client.get_metric_history(run_id, "losses/train")] == [3.0, 2.5]
     assert [a.path for a in client.list_artifacts(run_id)] == ["plot.png"]
     assert tracking.run_url(mlflow_server, run_id).startswith(mlflow_server)
+
+
+def test_server_passes_the_preflight(mlflow_server):
+    tracking.check_reachable(mlflow_server, timeout_s=5)
+
+
+class _Forwarder(socketserver.ThreadingTCPServer):
+    """A loopback TCP forwarder to the MLflow server: the server "coming back" on a new port."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, port: int, target: tuple[str, int]) -> None:
+        self.target = target
+        super().__init__(("127.0.0.1", port), _Pipe)
+
+
+class _Pipe(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        upstream = socket.create_connection(self.server.target)
+
+        def pump(source: socket.socket, sink: socket.socket) -> None:
+            try:
+                while data := source.recv(65536):
+                    sink.sendall(data)
+            except OSError:
+                pass
+            finally:
+                sink.close()
+
+        other = threading.Thread(target=pump, args=(upstream, self.request), daemon=True)
+        other.start()
+        pump(self.request, upstream)
+        other.join(timeout=5)
+
+
+def test_log_run_waits_for_a_server_that_comes_back(mlflow_server):
+    """Nothing listens at the URI when logging starts; it answers a few seconds later."""
+    from mlflow.tracking import MlflowClient
+
+    port = servers.free_port()
+    url = f"http://127.0.0.1:{port}"
+    outcome: dict = {}
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        time.sleep(seconds)
+
+    def log() -> None:
+        try:
+            outcome["run_id"] = tracking.log_run(url, tracking.RunRecord(
+                experiment="late", run_name="r", params={"a": 1}), sleep=sleep,
+                backoff=Backoff(tries=8, first_delay_s=0.5, factor=2.0, max_delay_s=4.0))
+        except Exception as error:  # reported by the assertion below
+            outcome["error"] = error
+
+    logger = threading.Thread(target=log)
+    logger.start()
+    time.sleep(2.0)  # connection refused meanwhile
+    target = urlsplit(mlflow_server)
+    forwarder = _Forwarder(port, (target.hostname, target.port))
+    threading.Thread(target=forwarder.serve_forever, daemon=True).start()
+    try:
+        logger.join(timeout=120)
+        assert "error" not in outcome, outcome
+        assert waits, "log_run never had to retry"
+        run = MlflowClient(tracking_uri=mlflow_server).get_run(outcome["run_id"])
+        assert run.data.params == {"a": "1"} and run.info.status == "FINISHED"
+    finally:
+        forwarder.shutdown()
+        forwarder.server_close()

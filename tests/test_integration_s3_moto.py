@@ -1,5 +1,7 @@
 """ObjectStoreResource through dagster-aws against a real moto_server on loopback."""
 
+import time
+
 import boto3
 import pytest
 
@@ -61,3 +63,32 @@ def test_no_bucket_means_local_folder(monkeypatch, tmp_path):
     store = ObjectStoreResource().store()
     assert type(store).__name__ == "LocalObjectStore"
     assert store.root == tmp_path / "objects"
+
+
+def test_reachability_checks_against_moto(moto_url, aws_env, monkeypatch):
+    from trainwise.services import ServiceUnreachableError
+
+    client = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
+    client.create_bucket(Bucket="trainwise-reach")
+    S3ObjectStore(client, "trainwise-reach").check_reachable()
+    with pytest.raises(ServiceUnreachableError, match="does not exist") as caught:
+        S3ObjectStore(client, "no-such-bucket").check_reachable()
+    assert "no-such-bucket" in str(caught.value) and moto_url in str(caught.value)
+
+    monkeypatch.setenv("TRAINWISE_S3_BUCKET", "trainwise-reach")
+    monkeypatch.setenv("TRAINWISE_S3_ENDPOINT_URL", moto_url)
+    ObjectStoreResource().store().check_reachable()
+
+
+def test_closed_endpoint_fails_fast_naming_bucket_endpoint_and_settings(aws_env):
+    from trainwise.services import ServiceUnreachableError
+
+    endpoint = f"http://127.0.0.1:{servers.free_port()}"  # nothing listens there
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    started = time.monotonic()
+    with pytest.raises(ServiceUnreachableError) as caught:
+        S3ObjectStore(client, "trainwise-ckpt").check_reachable()
+    assert time.monotonic() - started < 2.0
+    message = str(caught.value)
+    for needle in ("trainwise-ckpt", endpoint, "TRAINWISE_S3_BUCKET", "TRAINWISE_S3_ENDPOINT_URL"):
+        assert needle in message

@@ -82,7 +82,7 @@ def test_corruption_is_reported(tmp_path):
     open_dir = tmp_path / "run-2" / "rank0"
     open_dir.mkdir(parents=True)
     (open_dir / "segment-00000.jsonl").write_text("not json\n")
-    with pytest.raises(ValueError, match="line 0 is not JSON"):
+    with pytest.raises(ValueError, match="line 1 is not JSON"):
         read_run_events(tmp_path / "run-2")
     with pytest.raises(FileNotFoundError, match="run that has started"):
         read_run_events(tmp_path / "missing")

@@ -8,6 +8,8 @@ import itertools
 import math
 import os
 import signal
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -270,3 +272,46 @@ def test_progress_bar_runs(tmp_path, capsys):
     result = train(tiny_config(max_steps=3), text_examples(), None, tmp_path, progress=True)
     assert result.status == "completed"
     assert "3/3" in capsys.readouterr().err
+
+
+def test_background_checkpoints_resume_exactly_and_are_announced_once_durable(tmp_path, monkeypatch):
+    """CheckFreq: interval checkpoints are snapshotted, then written while training goes on.
+
+    The write is slowed down so that training runs several steps during it: a snapshot that
+    shared memory with the live model or optimizer would save a later state, and the resume
+    below would not reproduce the uninterrupted losses."""
+    from training import _loop_persist
+
+    real_save = _loop_persist.save_checkpoint
+
+    def slow_save(path, state):
+        time.sleep(0.15)
+        return real_save(path, state)
+
+    examples = text_examples()
+    whole = train(tiny_config(), examples, None, tmp_path / "whole")
+    monkeypatch.setattr(_loop_persist, "save_checkpoint", slow_save)
+    announced = []
+
+    def on_checkpoint(info):
+        announced.append((info.step, info.reason, info.path.is_file(),
+                          info.manifest_path.is_file(), threading.current_thread().name))
+
+    config = tiny_config(checkpoint_every_steps=4, async_checkpoints=True)
+    result = train(config, examples, None, tmp_path / "split", on_checkpoint=on_checkpoint)
+    assert [a[:4] for a in announced] == [(s, "interval", True, True) for s in range(4, 24, 4)] + [
+        (24, "final", True, True)]
+    assert all(a[4] != "MainThread" for a in announced[:-1]) and announced[-1][4] == "MainThread"
+    saved = events(result, "checkpoint")
+    assert [e["step"] for e in saved] == [4, 8, 12, 16, 20, 24]
+    assert [e["asynchronous"] for e in saved] == [True] * 5 + [False]
+    first = saved[0]
+    assert first["persist_ms"] >= 150 and first["save_ms"] < first["persist_ms"]
+    assert first["snapshot_ms"] <= first["save_ms"]
+    monkeypatch.setattr(_loop_persist, "save_checkpoint", real_save)
+    resumed = train(config, examples, None, tmp_path / "split",
+                    resume_from=tmp_path / "split" / "checkpoints" / "step-0000008.pt")
+    losses = [(e["step"], e["train_loss"]) for e in events(resumed, "step")]
+    whole_losses = step_losses(whole)
+    assert all(loss == whole_losses[step] for step, loss in losses)  # bitwise, replays included
+    assert resumed.final_eval_loss == whole.final_eval_loss

@@ -42,6 +42,9 @@ class TrainConfig:
     """periodic checkpoint interval; 0 = only on stop, preemption, policy request and the end"""
     keep_checkpoints: int = 2
     """newest step checkpoints kept in <out_dir>/checkpoints (older ones are deleted)"""
+    async_checkpoints: bool = True
+    """interval checkpoints: snapshot in memory, write in the background (CheckFreq); the
+    checkpoints that end a call (final, preemption, stop, ...) are always written before it ends"""
     fast_every_steps: int = 10
     """call the fast policy every this many steps"""
     seed: int = 1337

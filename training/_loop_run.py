@@ -1,10 +1,16 @@
-"""The step loop of `training.loop.train`: steps, fast ticks, preemption, eval, checkpoints."""
+"""The step loop of `training.loop.train`: steps, fast ticks, preemption, eval, checkpoints.
+
+Telemetry that cannot be written (disk full) does not lose the training: the first failed write
+stops all further writes, the step boundary is finished as usual, a checkpoint is written
+(reason "telemetry_failed") and `TrainingStoppedError` says where and what to do.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -21,17 +27,32 @@ from telemetry.events import (
     RunEndEvent,
     StepEvent,
 )
-from telemetry.writer import SegmentWriter
+from telemetry.writer import SegmentWriter, TelemetryWriteError
 from training import _loop_fast as fast
 from training._loop_config import TrainConfig, get_lr
+from training._loop_persist import (
+    CheckpointInfo,
+    CheckpointPersister,
+    PersistResult,
+    snapshot_copy,
+)
 from training._loop_state import RunState, build_state
 from training._loop_step import evaluate, fixed_eval_batches, tokens_per_example, train_step
-from training.checkpoint import checkpoint_name, prune_checkpoints, save_checkpoint
 from training.data_types import Curriculum, ExampleSet
 from training.model import CNNConfig, GPTConfig
 from training.sampler import TrainSampler
 
 Status = Literal["completed", "preempted", "stopped", "migrated"]
+
+
+class TrainingStoppedError(RuntimeError):
+    """Training stopped because its telemetry could not be written; the work is checkpointed
+    (unless the checkpoint failed too, which the message then says)."""
+
+    def __init__(self, message: str, *, telemetry_dir: Path, checkpoint_path: Path | None):
+        super().__init__(message)
+        self.telemetry_dir = telemetry_dir
+        self.checkpoint_path = checkpoint_path
 
 
 @dataclass
@@ -50,14 +71,21 @@ class LoopRun:
     run: RunState
     policy: FastPolicy
     started: float  # time.perf_counter() when this process began on the run
+    on_checkpoint: Callable[[CheckpointInfo], None] | None = None
     writer: SegmentWriter | None = None
-    checkpoint_path: Path | None = None
+    checkpoint_path: Path | None = None  # the newest durable checkpoint
     checkpoint_sha256: str | None = None
-    _checkpoint_step: int | None = None
+    telemetry_error: TelemetryWriteError | None = None  # the first failed telemetry write
+    _checkpoint_step: int | None = None  # the newest snapshot's step (durable or in flight)
+    _checkpoint_error: OSError | None = None
     _last: dict[str, Any] | None = None  # the latest step's figures, for the fast policy
 
     def __post_init__(self) -> None:
         self._elapsed_before_s = self.run.elapsed_s
+        self.persister = CheckpointPersister(
+            self.out_dir / "checkpoints", keep=self.config.keep_checkpoints,
+            on_checkpoint=self.on_checkpoint,
+        )
         self._eval_batches = fixed_eval_batches(
             self.examples, self.config.eval_batches, self.config.eval_batch_size
         )
@@ -68,9 +96,16 @@ class LoopRun:
         self.run.elapsed_s = self._elapsed_before_s + (time.perf_counter() - self.started)
         self.run.cost_usd = self.run.elapsed_s * self.config.price_usd_per_hour / 3600.0
 
-    def _write(self, event: Any) -> None:
+    def write(self, event: Any) -> None:
+        """Writes one event; after a failed write, writes nothing more (the step boundary is
+        finished and checkpointed first, see the module docstring)."""
         assert self.writer is not None
-        self.writer.write(event)
+        if self.telemetry_error is not None:
+            return
+        try:
+            self.writer.write(event)
+        except TelemetryWriteError as error:
+            self.telemetry_error = error
 
     def _progress_steps(self) -> float:
         # The budget's clock: optimizer steps, or with dynamic pruning full-data-equivalent
@@ -97,6 +132,44 @@ class LoopRun:
 
     # -- the loop ---------------------------------------------------------------------------
     def execute(self, *, progress: bool, stop_after_steps: int | None) -> Status:
+        status = self._execute(progress=progress, stop_after_steps=stop_after_steps)
+        if self.telemetry_error is not None:
+            raise self.stopped_error()
+        return status
+
+    def _stop_for_telemetry(self) -> bool:
+        """At a step boundary after a failed telemetry write: checkpoint, True = stop."""
+        if self.telemetry_error is None:
+            return False
+        try:
+            self._checkpoint("telemetry_failed")
+        except OSError as error:  # the same full disk may refuse the checkpoint too
+            self._checkpoint_error = error
+        return True
+
+    def stopped_error(self) -> TrainingStoppedError:
+        assert self.writer is not None and self.telemetry_error is not None
+        where = self.writer.directory
+        if self._checkpoint_error is None:
+            saved = f"the work is saved in checkpoint {self.checkpoint_path} (step {self.run.step})"
+        else:
+            saved = (f"the checkpoint could not be written either ({self._checkpoint_error}); "
+                     f"the newest good checkpoint is {self.checkpoint_path or 'none'}")
+        return TrainingStoppedError(
+            f"training of run {self.run.run_id!r} stopped: its telemetry could not be written "
+            f"to {where} ({self.telemetry_error}); {saved}. Free disk space on the filesystem "
+            f"of {where}, then resume (resume_from={self.out_dir / 'checkpoints'})",
+            telemetry_dir=where.parent, checkpoint_path=self.checkpoint_path,
+        )
+
+    def drain(self) -> None:
+        """Waits for a background persist (the run is failing); records it if it succeeded."""
+        try:
+            self._record(self.persister.wait())
+        except Exception:  # noqa: BLE001 - the run's own error is the one to raise
+            pass
+
+    def _execute(self, *, progress: bool, stop_after_steps: int | None) -> Status:
         status: Status = "completed"
         steps_this_call = 0
         bar = tqdm(total=self.config.max_steps, initial=self.run.step, desc=self.run.run_id,
@@ -104,6 +177,9 @@ class LoopRun:
         with bar, fast.PreemptionSignal() as notice:
             while self._budget_left():
                 # Step boundary: everything below is in the checkpoint, so stopping here is exact.
+                self._record(self.persister.poll())
+                if self._stop_for_telemetry():
+                    return "stopped"
                 if notice.pending:
                     self._on_preemption(notice)
                     return "preempted"
@@ -130,10 +206,12 @@ class LoopRun:
                     self._checkpoint("migrate")
                     return status
                 every = self.config.checkpoint_every_steps
-                if every and self.run.step % every == 0:
-                    self._checkpoint("interval")
+                if every and self.run.step % every == 0 and self._budget_left():
+                    self._checkpoint("interval")  # (at the end, the final one follows at once)
             if self.run.last_eval_step != self.run.step:
                 self._evaluate()
+            if self._stop_for_telemetry():
+                return "stopped"
             self._checkpoint("final")
         return status
 
@@ -158,7 +236,7 @@ class LoopRun:
             "grad_norm": outcome.grad_norm, "grad_noise_scale": noise, "micro_batch_size": micro,
             "grad_accum_steps": accum, "step_time_ms": step_time_ms,
         }
-        self._write(StepEvent(
+        self.write(StepEvent(
             run_id=self.run.run_id, step=self.run.step, samples_seen=self.run.samples_seen,
             tokens_seen=self.run.tokens_seen, elapsed_s=self.run.elapsed_s,
             cost_usd=self.run.cost_usd, sampler_phase=self.sampler.phase, **last,
@@ -183,18 +261,18 @@ class LoopRun:
         name = str(getattr(self.policy, "name", type(self.policy).__name__))
         action = self.policy.act(observation)
         fast.validate_action(action, name)
-        self._write(DecisionEvent(
-            run_id=self.run.run_id, step=self.run.step, layer="fast", policy=name,
-            action=fast.action_record(action), reason=action.reason,
-            numbers=dict(action.numbers), observation=fast.observation_record(observation),
-        ))
-        if apply:
+        if apply:  # before the record: a failed write must not leave the decision unapplied
             self.run.micro_batch_size = int(action.micro_batch_size)
             self.run.grad_accum_steps = int(action.grad_accum_steps)
             # The policy's rate rescales the schedule, so warmup/cosine carry on around it;
             # an unchanged rate gives a factor of exactly 1.0 (bitwise no-op).
             if action.learning_rate != observation.learning_rate:
                 self.run.lr_scale *= action.learning_rate / observation.learning_rate
+        self.write(DecisionEvent(
+            run_id=self.run.run_id, step=self.run.step, layer="fast", policy=name,
+            action=fast.action_record(action), reason=action.reason,
+            numbers=dict(action.numbers), observation=fast.observation_record(observation),
+        ))
         return action.preemption_response
 
     def _on_preemption(self, notice: fast.PreemptionSignal) -> None:
@@ -206,7 +284,7 @@ class LoopRun:
             response = self._fast_tick(self._last, notice_s=notice_s, apply=False).value
         else:
             response = "no step yet"
-        self._write(PreemptionEvent(
+        self.write(PreemptionEvent(
             run_id=self.run.run_id, step=self.run.step, signal_name=notice.signal_name or "",
             notice_s=notice_s if notice_s is not None else math.nan,
             received_wall_time_s=notice.received_wall_time_s or math.nan,
@@ -220,16 +298,21 @@ class LoopRun:
         self.run.last_eval_loss, self.run.last_eval_accuracy = loss, accuracy
         self.run.last_eval_step = self.run.step
         self.sampler.observe_eval(self.run.step, loss)
-        self._write(EvalEvent(
+        self.write(EvalEvent(
             run_id=self.run.run_id, step=self.run.step, eval_loss=loss, eval_accuracy=accuracy,
             eval_examples=count, eval_ms=(time.perf_counter() - began) * 1000.0,
         ))
 
     def _checkpoint(self, reason: str) -> None:
+        """Checkpoints this step boundary. Interval checkpoints (with `async_checkpoints`) are
+        snapshotted and persisted in the background; the rest are durable on return."""
+        began = time.perf_counter()
+        self._record(self.persister.wait())  # one persist at a time, durable in step order
         if self._checkpoint_step == self.run.step and self.checkpoint_path is not None:
             return  # this boundary is already saved
-        began = time.perf_counter()
+        background = self.config.async_checkpoints and reason == "interval"
         self._tick_clock()
+        snapshot_began = time.perf_counter()
         # The state records the cost of the checkpoint before this one; this one's cost is
         # known only after writing it, and is recorded in telemetry and in the next one.
         state = build_state(
@@ -238,17 +321,28 @@ class LoopRun:
             curriculum=self.curriculum, model=self.model, optimizer=self.optimizer,
             sampler=self.sampler,
         )
-        directory = self.out_dir / "checkpoints"
-        path = directory / checkpoint_name(self.run.step)
-        checksum = save_checkpoint(path, state)
-        prune_checkpoints(directory, self.config.keep_checkpoints)
-        save_s = time.perf_counter() - began
-        self._tick_clock()
-        self.run.last_checkpoint_cost_s = save_s
-        self.run.last_checkpoint_elapsed_s = self.run.elapsed_s
-        self.checkpoint_path, self.checkpoint_sha256 = path, checksum
+        if background:
+            state = snapshot_copy(state)  # training changes the live tensors from the next step
+        now = time.perf_counter()
+        timing = {"step": self.run.step, "reason": reason, "elapsed_s": self.run.elapsed_s,
+                  "blocking_s": now - began, "snapshot_s": now - snapshot_began}
         self._checkpoint_step = self.run.step
-        self._write(CheckpointEvent(
-            run_id=self.run.run_id, step=self.run.step, path=str(path), sha256=checksum,
-            size_bytes=path.stat().st_size, save_ms=save_s * 1000.0, reason=reason,
+        if background:
+            self.persister.submit(state, **timing)
+        else:
+            self._record(self.persister.persist_now(state, **timing))
+
+    def _record(self, result: PersistResult | None) -> None:
+        """A checkpoint became durable: it is the one to resume from; record what it cost."""
+        if result is None:
+            return
+        info = result.info
+        self.checkpoint_path, self.checkpoint_sha256 = info.path, info.sha256
+        self.run.last_checkpoint_cost_s = result.snapshot_s + result.persist_s
+        self.run.last_checkpoint_elapsed_s = result.elapsed_s
+        self.write(CheckpointEvent(
+            run_id=self.run.run_id, step=info.step, path=str(info.path), sha256=info.sha256,
+            size_bytes=result.size_bytes, save_ms=result.blocking_s * 1000.0, reason=info.reason,
+            snapshot_ms=result.snapshot_s * 1000.0, persist_ms=result.persist_s * 1000.0,
+            asynchronous=result.asynchronous,
         ))

@@ -13,11 +13,12 @@ import torch
 from torch import nn
 
 from training._loop_step import GradNoiseScale
+from training.checkpoint import arrays_from_tensors, to_checkpoint_types
 from training.data_types import Curriculum, ExampleSet
 from training.model import CNNConfig, GPTConfig, config_dict, model_fingerprint
 from training.sampler import TrainSampler
 
-STATE_FORMAT = "trainwise-train-state-1"
+STATE_FORMAT = "trainwise-train-state-2"  # 2: tensors and plain data only (weights-only load)
 
 
 @dataclass
@@ -98,7 +99,13 @@ def build_state(
     optimizer: torch.optim.Optimizer,
     sampler: TrainSampler,
 ) -> dict[str, Any]:
-    """Everything needed to resume exactly, as plain data (see training.checkpoint)."""
+    """Everything needed to resume exactly, as tensors and plain data (see training.checkpoint:
+    the file is loaded weights-only, so no numpy arrays, numpy scalars or custom classes).
+
+    Numpy arrays (sampler order, loss table, the numpy RNG key) become tensors of the same dtype;
+    `restore_state` turns them back into arrays. Model and optimizer state dicts are kept as
+    they are (tensors already; the model's OrderedDict keeps its `_metadata`).
+    """
     state = dataclasses.asdict(run)
     state.update(
         format=STATE_FORMAT,
@@ -109,15 +116,16 @@ def build_state(
         partition=examples.partition,
         data_fingerprint=examples.fingerprint,
         curriculum_version=curriculum.version if curriculum is not None else None,
-        model=model.state_dict(),
-        optimizer=optimizer.state_dict(),
         sampler=sampler.state_dict(),
         rng={
             "torch": torch.get_rng_state(),
-            "numpy": np.random.get_state(),
-            "python": random.getstate(),
+            # The dict form: {"bit_generator", "state": {"key", "pos"}, "has_gauss", "gauss"}.
+            "numpy": np.random.get_state(legacy=False),
+            "python": random.getstate(),  # (version, tuple of 625 ints, gauss_next)
         },
     )
+    state = to_checkpoint_types(state)
+    state.update(model=model.state_dict(), optimizer=optimizer.state_dict())
     return state
 
 
@@ -144,10 +152,11 @@ def restore_state(
         )
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    sampler.load_state_dict(state["sampler"])
+    sampler.load_state_dict(arrays_from_tensors(state["sampler"]))
     torch.set_rng_state(state["rng"]["torch"])
-    np.random.set_state(state["rng"]["numpy"])
-    random.setstate(state["rng"]["python"])
+    np.random.set_state(arrays_from_tensors(state["rng"]["numpy"]))
+    version, internal, gauss_next = state["rng"]["python"]
+    random.setstate((version, tuple(internal), gauss_next))
     names = {f.name for f in dataclasses.fields(RunState)}
     values = {k: v for k, v in state.items() if k in names}
     values["noise_scale"] = GradNoiseScale(**state["noise_scale"])

@@ -17,7 +17,16 @@ cost-aware trainer adds:
    writes `<telemetry>/<run_id>/consumption.jsonl` (see `training.consumption`).
 
 A checkpoint is written at step boundaries and holds everything to continue exactly: a resumed
-run reproduces the uninterrupted run's losses bit for bit (with the same thread count).
+run reproduces the uninterrupted run's losses bit for bit (with the same thread count). Interval
+checkpoints are snapshotted in memory and written in the background (`training._loop_persist`);
+`on_checkpoint(CheckpointInfo)` is called once each one is durable on local disk.
+
+Around the loop: one trainer per `out_dir` (`training.run_lock`); temp files of writers that were
+killed are removed at start; `resume_from` may be a checkpoint or the checkpoint folder (the
+newest checkpoint that passes its check; the ones skipped are warned about and recorded). A
+resume bills from the newest elapsed time the run's telemetry recorded, not from the checkpoint's:
+the seconds a killed process worked past its checkpoint were paid for (`RunStartEvent.lost_s`),
+and the steps it recorded past it are replayed (`replay_from_step`..`replay_to_step`).
 
 Statuses: "completed" (max_steps reached), "preempted" (SIGTERM), "stopped" (`stop_after_steps`
 reached), "migrated" (the fast policy answered MIGRATE). Every one ends with a checkpoint.
@@ -28,25 +37,39 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from controllers.fast_types import FastPolicy, NoOpFastPolicy
 from telemetry.events import RunStartEvent
+from telemetry.reader import latest_recorded
 from telemetry.writer import SegmentWriter, rank_dir
 from training._loop_config import TrainConfig, get_lr
-from training._loop_run import LoopRun, Status
+from training._loop_persist import CheckpointInfo, CheckpointWriteError
+from training._loop_run import LoopRun, Status, TrainingStoppedError
 from training._loop_state import RunState, check_examples_fit, default_model_config, restore_state
-from training.checkpoint import load_checkpoint
+from training.checkpoint import clean_orphaned_temp_files, latest_good_checkpoint, load_checkpoint
 from training.consumption import consumption_path
 from training.data_types import Curriculum, ExampleSet
 from training.dynamic_pruning import DynamicPruningConfig
-from training.model import MODEL_KIND_FOR_DATA, build_model, config_dict, model_fingerprint
+from training.model import (
+    MODEL_KIND_FOR_DATA,
+    CNNConfig,
+    GPTConfig,
+    build_model,
+    config_dict,
+    model_fingerprint,
+)
+from training.run_lock import RunFolderLock, RunFolderLockedError
 from training.sampler import CurriculumSampler, DynamicPruningSampler, TrainSampler
 
-__all__ = ["Status", "TrainConfig", "TrainResult", "get_lr", "train"]
+__all__ = ["CheckpointInfo", "CheckpointWriteError", "RunFolderLockedError", "Status",
+           "TrainConfig", "TrainResult", "TrainingStoppedError", "get_lr", "train"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +98,75 @@ def _make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.
     return torch.optim.AdamW(groups, lr=config.learning_rate, betas=(config.beta1, config.beta2))
 
 
+@dataclass(frozen=True)
+class _Resume:
+    state: dict[str, Any]
+    path: Path  # the checkpoint file resumed from
+    skipped: list[dict[str, str]]  # checkpoints of a resume folder that failed their check
+
+
+def _load_resume(
+    resume_from: Path, fingerprint: str, model_config: dict[str, Any]
+) -> _Resume:
+    """Loads `resume_from`: a checkpoint file, or a folder's newest checkpoint that passes."""
+    skipped: list[dict[str, str]] = []
+    path = resume_from
+    if resume_from.is_dir():
+        good = latest_good_checkpoint(resume_from)
+        skipped = [{"path": str(p), "reason": why} for p, why in (good.skipped if good else [])]
+        if good is None:
+            tried = "; ".join(f"{s['path']}: {s['reason']}" for s in skipped) or "none found"
+            raise FileNotFoundError(
+                f"no usable checkpoint in {resume_from} (checked: {tried}); pass a checkpoint "
+                "file or a folder holding one, or start fresh (resume_from=None)"
+            )
+        if skipped:
+            warnings.warn(
+                f"resuming from {good.path}, an older checkpoint: the newer ones failed their "
+                "check and were skipped (" + "; ".join(f"{s['path']}: {s['reason']}"
+                                                      for s in skipped) + ")",
+                RuntimeWarning, stacklevel=3,
+            )
+        path = good.path
+    state = load_checkpoint(
+        path, expected_model_fingerprint=fingerprint, expected_model_config=model_config
+    )
+    return _Resume(state=state, path=path, skipped=skipped)
+
+
+@dataclass(frozen=True)
+class _Billing:
+    replay_from_step: int | None = None
+    replay_to_step: int | None = None
+    lost_s: float | None = None
+
+
+def _bill_killed_work(run: RunState, telemetry_run_dir: Path) -> _Billing:
+    """Moves a resumed run's clock to the newest elapsed time its telemetry recorded.
+
+    A process killed after its checkpoint worked (and was paid) past it; the checkpoint's clock
+    does not know. The steps it recorded past the checkpoint are done again: replay.
+    """
+    try:
+        recorded = latest_recorded(telemetry_run_dir) if telemetry_run_dir.is_dir() else None
+    except ValueError as error:  # malformed telemetry must not stop the resume itself
+        warnings.warn(
+            f"cannot read the telemetry of {telemetry_run_dir} ({error}); the resumed run bills "
+            "from the checkpoint's clock, so time a killed process worked after it is not "
+            "billed. Fix or move the file named above to bill it",
+            RuntimeWarning, stacklevel=3,
+        )
+        recorded = None
+    if recorded is None:
+        return _Billing()
+    recorded_step, recorded_elapsed_s = recorded
+    lost_s = max(0.0, recorded_elapsed_s - run.elapsed_s)
+    run.elapsed_s += lost_s
+    if recorded_step > run.step:
+        return _Billing(replay_from_step=run.step, replay_to_step=recorded_step, lost_s=lost_s)
+    return _Billing(lost_s=lost_s)
+
+
 def train(
     config: TrainConfig,
     examples: ExampleSet,
@@ -86,12 +178,18 @@ def train(
     progress: bool = False,
     stop_after_steps: int | None = None,
     pruning: DynamicPruningConfig | None = None,
+    on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
 ) -> TrainResult:
     """Trains (or resumes) a run and returns where it stands; see the module docstring.
 
     `curriculum=None` trains on every train example at weight 1. `stop_after_steps` stops this
     call after that many steps with a checkpoint (status "stopped"). `pruning`: dynamic pruning
-    (item 6 of the module docstring); None keeps the static curriculum sampler.
+    (item 6 of the module docstring); None keeps the static curriculum sampler. `resume_from`:
+    a checkpoint file or a checkpoint folder. `on_checkpoint`: called (from the persist thread
+    for background checkpoints) once a checkpoint is durable; it must return quickly.
+
+    Raises RunFolderLockedError when another trainer holds `out_dir`, TrainingStoppedError when
+    telemetry cannot be written (after checkpointing).
     """
     started = time.perf_counter()  # billing starts here: set-up is paid time too
     if stop_after_steps is not None and stop_after_steps < 0:
@@ -100,14 +198,42 @@ def train(
     model_kind = MODEL_KIND_FOR_DATA.get(examples.kind, "")
     model_config = config.model or default_model_config(examples)
     check_examples_fit(examples, model_config)
-    fingerprint = model_fingerprint(model_kind, model_config)
-    state = None
-    if resume_from is not None:
-        state = load_checkpoint(
-            resume_from,
-            expected_model_fingerprint=fingerprint,
-            expected_model_config=config_dict(model_config),
+    telemetry_root = out_dir / "telemetry"
+    if config.run_id:
+        rank_dir(telemetry_root, config.run_id, 0)  # validates run_id before anything is written
+    with RunFolderLock(out_dir):
+        # Under the lock no other writer is alive: every temp file is an orphan of a killed one.
+        if (out_dir / "checkpoints").is_dir():
+            clean_orphaned_temp_files(out_dir / "checkpoints")
+        return _train_locked(
+            config, examples, curriculum, out_dir, model_kind=model_kind,
+            model_config=model_config, started=started, fast_policy=fast_policy,
+            resume_from=resume_from, progress=progress, stop_after_steps=stop_after_steps,
+            pruning=pruning, on_checkpoint=on_checkpoint,
         )
+
+
+def _train_locked(
+    config: TrainConfig,
+    examples: ExampleSet,
+    curriculum: Curriculum | None,
+    out_dir: Path,
+    *,
+    model_kind: str,
+    model_config: GPTConfig | CNNConfig,
+    started: float,
+    fast_policy: FastPolicy | None,
+    resume_from: str | Path | None,
+    progress: bool,
+    stop_after_steps: int | None,
+    pruning: DynamicPruningConfig | None,
+    on_checkpoint: Callable[[CheckpointInfo], None] | None,
+) -> TrainResult:
+    fingerprint = model_fingerprint(model_kind, model_config)
+    resume = None
+    if resume_from is not None:
+        resume = _load_resume(Path(resume_from), fingerprint, config_dict(model_config))
+    state = resume.state if resume else None
     run_id = config.run_id or (state["run_id"] if state else "")
     run_id = run_id or f"{model_kind}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     telemetry_root = out_dir / "telemetry"
@@ -136,36 +262,44 @@ def train(
             micro_batch_size=config.micro_batch_size,
             grad_accum_steps=config.grad_accum_steps,
         )
-        if state is not None:
+        billing = _Billing()
+        if resume is not None:
             run = restore_state(
-                state, examples=examples, model=model, optimizer=optimizer, sampler=sampler,
-                source=str(resume_from),
+                resume.state, examples=examples, model=model, optimizer=optimizer,
+                sampler=sampler, source=str(resume.path),
             )
             run.run_id = run_id
+            billing = _bill_killed_work(run, telemetry_root / run_id)
         loop = LoopRun(
             config=config, examples=examples, curriculum=curriculum, out_dir=out_dir,
             model_kind=model_kind, model_config=model_config, model=model, optimizer=optimizer,
             sampler=sampler, run=run, policy=fast_policy or NoOpFastPolicy(), started=started,
+            on_checkpoint=on_checkpoint,
         )
         with SegmentWriter(
             telemetry_root, run_id, events_per_segment=config.telemetry_events_per_segment
         ) as writer:
             loop.writer = writer
-            writer.write(RunStartEvent(
+            loop.write(RunStartEvent(
                 run_id=run_id, step=run.step, model_kind=model_kind,
                 model_config=config_dict(model_config), model_fingerprint=fingerprint,
                 train_config=dataclasses.asdict(config), data_fingerprint=examples.fingerprint,
                 curriculum_version=curriculum.version if curriculum else None,
                 instance_type=config.instance_type, price_usd_per_hour=config.price_usd_per_hour,
-                resumed_from=str(resume_from) if resume_from is not None else None,
+                resumed_from=str(resume.path) if resume is not None else None,
                 previous_curriculum_version=state["curriculum_version"] if state else None,
+                replay_from_step=billing.replay_from_step, replay_to_step=billing.replay_to_step,
+                lost_s=billing.lost_s, skipped_checkpoints=resume.skipped if resume else [],
             ))
             try:
                 status = loop.execute(progress=progress, stop_after_steps=stop_after_steps)
             except BaseException as error:
-                writer.write(loop.end_event("failed", error=repr(error)))
+                loop.drain()  # a background checkpoint in flight still becomes durable
+                loop.write(loop.end_event("failed", error=repr(error)))
                 raise
-            writer.write(loop.end_event(status))
+            loop.write(loop.end_event(status))
+            if loop.telemetry_error is not None:  # the run's end could not be recorded
+                raise loop.stopped_error()
     finally:
         torch.set_num_threads(previous_threads)
         if sampler is not None:

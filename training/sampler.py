@@ -37,6 +37,31 @@ from training.dynamic_pruning import (
 PHASES = ("curriculum", "anneal")
 
 
+def _curriculum_dict(curriculum: Curriculum | None) -> dict[str, Any] | None:
+    """A pending curriculum as plain data for the checkpoint (loaded weights-only: no classes)."""
+    if curriculum is None:
+        return None
+    return {"partition": curriculum.partition, "version": curriculum.version,
+            "example_ids": curriculum.example_ids.copy(), "weights": curriculum.weights.copy(),
+            "pruning_rate": curriculum.pruning_rate,
+            "data_fingerprint": curriculum.data_fingerprint,
+            "scores_step": curriculum.scores_step, "anneal_fraction": curriculum.anneal_fraction}
+
+
+def _curriculum_from_dict(value: dict[str, Any] | None) -> Curriculum | None:
+    if value is None:
+        return None
+    return Curriculum(
+        partition=str(value["partition"]), version=str(value["version"]),
+        example_ids=np.asarray(value["example_ids"], dtype=np.int64).copy(),
+        weights=np.asarray(value["weights"], dtype=np.float64).copy(),
+        pruning_rate=float(value["pruning_rate"]),
+        data_fingerprint=str(value["data_fingerprint"]),
+        scores_step=None if value["scores_step"] is None else int(value["scores_step"]),
+        anneal_fraction=float(value["anneal_fraction"]),
+    )
+
+
 class TrainSampler(Protocol):
     """What `training.loop` calls on a sampler (at step boundaries, in this order per step:
     next_batch and observe_losses per micro batch, then on_fast_tick / observe_eval)."""
@@ -502,7 +527,7 @@ class DynamicPruningSampler:
             "scores": self._scores.copy(), "rng_state": self._rng.bit_generator.state,
             "given_version": self._given_version, "pool_version": self._pool_version,
             "pool": self._pool.copy(), "pool_weights": self._pool_weights.copy(),
-            "pending": self._pending, "control_digest": self._control_digest,
+            "pending": _curriculum_dict(self._pending), "control_digest": self._control_digest,
             "ticker": self.ticker.state_dict() if self.ticker is not None else None,
             "step": self._step, "samples_drawn": self.samples_drawn,
             "budget_epochs": self.budget_epochs,
@@ -537,7 +562,8 @@ class DynamicPruningSampler:
         self._rng.bit_generator.state = state["rng_state"]
         self._pool = np.asarray(state["pool"], dtype=np.int64).copy()
         self._pool_weights = np.asarray(state["pool_weights"], dtype=np.float64).copy()
-        self._pool_version, self._pending = state["pool_version"], state["pending"]
+        self._pool_version = state["pool_version"]
+        self._pending = _curriculum_from_dict(state["pending"])
         self._control_digest = state["control_digest"]
         self._step, self.samples_drawn = int(state["step"]), int(state["samples_drawn"])
         if self.ticker is not None and state["ticker"] is not None:

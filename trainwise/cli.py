@@ -30,12 +30,32 @@ def _prepare_environment() -> Path:
     return home
 
 
+def _check_demo_args(args: argparse.Namespace) -> None:
+    """Arguments and settings, checked in well under a second, before the data build."""
+    from training.shards import validate_partition
+
+    if args.partition:
+        validate_partition(args.partition)  # unknown or path-like: lists the valid names
+    if args.steps < 1:
+        raise ValueError(f"--steps {args.steps}: training needs at least 1 step")
+    settings.check_all()
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
+    _check_demo_args(args)
     _prepare_environment()
     from pipelines import headless
 
     summary = headless.run_demo(partition=args.partition, max_steps=args.steps)
     print(summary)
+    return 0
+
+
+def _cmd_ingest(args: argparse.Namespace) -> int:
+    from trainwise import runs
+
+    count = runs.reingest(settings.home_dir(), args.run, settings.duckdb_path())
+    print(f"ingested {count} events of run {args.run} into {settings.duckdb_path()}")
     return 0
 
 
@@ -90,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("run", help="run id (the Dagster run id of the training run)")
     explain.set_defaults(func=_cmd_explain)
 
+    ingest = sub.add_parser("ingest", help="ingest a run's telemetry into DuckDB again (after "
+                            "a run reported the ingest as pending)")
+    ingest.add_argument("run", help="training run id (its folder under $TRAINWISE_HOME/runs)")
+    ingest.set_defaults(func=_cmd_ingest)
+
     show = sub.add_parser("settings", help="print every setting with its current value")
     show.set_defaults(func=_cmd_settings)
     return parser
@@ -97,13 +122,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from trainwise.preflight import PreflightError
+    from trainwise.runs import RunFailedError
+
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except (ValueError, FileNotFoundError, KeyError) as error:
+    except (ValueError, FileNotFoundError, KeyError, PreflightError) as error:
+        # SettingError is a ValueError: the message names the variable and the fix.
         print(f"trainwise: error: {error}", file=sys.stderr)
         return 2
+    except RunFailedError as error:
+        print(f"trainwise: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -19,7 +19,12 @@ max_steps done: the node is released, the bill closed.
 2. Work is training steps: `work_done_h = steps / max_steps * work_total_h`, where
    `work_total_h` is the emulated time `max_steps` steps take at `step_wall_s_estimate` wall
    seconds a step; the deadline is `deadline_factor * (work + one changeover)`.
-3. Every decision, preemption, launch/resume and the end go to the run's telemetry as decision
+3. Billing (`cloud/emulated.py`): a node is billed from its launch until it is down: the end of
+   training, or after a notice/release, its trainer's exit or the end of the notice, whichever
+   first. Steps a resumed trainer re-runs (the killed one had recorded them after its last
+   checkpoint) are reported as preemption waste (`replayed_steps`, `preemption_waste_s`,
+   `preemption_waste_usd`), apart from the useful training seconds (`useful_train_s`).
+4. Every decision, preemption, launch/resume and the end go to the run's telemetry as decision
    events (layer "slow", policy = the allocation policy's name or "emulated_cloud"), written by
    the provider under rank `PROVIDER_RANK` (the trainer writes rank 0), so `trainwise explain`
    shows them in time order with the trainer's own checkpoints and preemption notices.
@@ -27,6 +32,7 @@ max_steps done: the node is released, the bill closed.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
@@ -82,6 +88,14 @@ class EmulatedResult:
     on_demand_usd_per_hour: float
     holdings: tuple[dict[str, Any], ...]
     trainer_pids: tuple[int, ...]
+    # Steps re-run after resumes and what they cost (billed, but not progress; see module doc).
+    replayed_steps: int = 0
+    preemption_waste_s: float = 0.0
+    preemption_waste_usd: float = 0.0
+    # Emulated seconds of first-time training steps (steps x the seconds a step stands for).
+    useful_train_s: float = 0.0
+    # Billed node seconds after a notice/release, until the node was down (shutdowns, kills).
+    stopping_node_s: float = 0.0
 
     @property
     def deadline_met(self) -> bool:
@@ -116,8 +130,10 @@ class _Trainer:
     spawn_wall_s: float
     result_path: Path
     resumed_from: str | None
+    holding: replay.Holding | None = None  # the node it runs on (billed until it is down)
     ready: bool = False
     stop_reason: str = ""
+    notice_monotonic: float | None = None
     kill_at_monotonic: float | None = None
     killed: bool = False
 
@@ -139,6 +155,7 @@ class _Emulation:
     work_total_h: float
     deadline_s: float
     notice_wall_s: float
+    trainer_ignores_notice: bool = False
     holdings: list[replay.Holding] = field(default_factory=list)
     trainer: _Trainer | None = None
     pending_launch: bool = False
@@ -154,6 +171,12 @@ class _Emulation:
     finish_s: float | None = None
     final_eval_loss: float | None = None
     pids: list[int] = field(default_factory=list)
+    spawns: list[tuple[float, replay.Holding | None]] = field(default_factory=list)
+
+    @property
+    def step_s(self) -> float:
+        """Emulated seconds one training step stands for (the work model of the module doc)."""
+        return self.work_total_h * 3600.0 / self.max_steps
 
     @property
     def holding(self) -> replay.Holding | None:
@@ -196,7 +219,8 @@ class _Emulation:
         folder.mkdir(parents=True, exist_ok=True)
         job = {"shards_dir": str(self.shards_dir), "run_dir": str(self.run_dir),
                "result_path": str(folder / f"result-{index:03d}.json"),
-               "resume_from": self.checkpoint_path, "train_config": self.train_config}
+               "resume_from": self.checkpoint_path, "train_config": self.train_config,
+               "block_sigterm": self.trainer_ignores_notice}
         job_path = folder / f"job-{index:03d}.json"
         job_path.write_text(json.dumps(job, indent=1))
         log = open(folder / f"worker-{index:03d}.log", "w")  # noqa: SIM115 (child owns it)
@@ -205,12 +229,16 @@ class _Emulation:
             cwd=settings.PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True)
         log.close()
+        holding = self.holding
         self.trainer = _Trainer(process, time.time(), Path(job["result_path"]),
-                                self.checkpoint_path)
+                                self.checkpoint_path, holding=holding)
         self.pids.append(process.pid)
         if self.checkpoint_path is not None:
             self.resumes += 1
-        holding = self.holding
+        self.spawns.append((self.trainer.spawn_wall_s, holding))
+        # Steps an earlier trainer recorded after the checkpoint this one starts from will run
+        # again (counted at the end from the telemetry, `count_replays`).
+        will_replay = max(0, self.steps - (self.checkpoint_step if self.checkpoint_path else 0))
         self.record(PROVIDER_POLICY,
                     {"event": "resume" if self.checkpoint_path else "start",
                      "pid": process.pid, "node": holding.kind if holding else None,
@@ -219,7 +247,26 @@ class _Emulation:
                      + (f", resuming from step {self.checkpoint_step}" if self.checkpoint_path
                         else ", fresh run")),
                     {"checkpoint_step": float(self.checkpoint_step),
-                     "time_s": self.clock.now_s})
+                     "time_s": self.clock.now_s,
+                     "steps_to_replay": float(will_replay)})
+
+    def count_replays(self) -> replay.ReplayWaste:
+        """Step events that re-ran an already recorded step, priced at the node of the trainer
+        that wrote them (the trainer started last before the event)."""
+        if not (self.telemetry_dir / "rank0").is_dir():
+            return replay.ReplayWaste(0, 0.0, 0.0)
+        steps = [e for e in read_run_events(self.telemetry_dir, rank=0) if e["type"] == "step"]
+        starts = [wall for wall, _ in self.spawns]
+        count, waste_usd = 0, 0.0
+        for event, again in zip(steps, replay.replayed(e["step"] for e in steps)):
+            if not again:
+                continue
+            index = max(0, bisect.bisect_right(starts, event["wall_time_s"]) - 1)
+            holding = self.spawns[index][1] if self.spawns else None
+            count += 1
+            waste_usd += replay.replay_waste(
+                1, self.step_s, holding.price_usd_per_hour if holding else 0.0).waste_usd
+        return replay.ReplayWaste(count, count * self.step_s, waste_usd)
 
     def stop_trainer(self, reason: str) -> None:
         """SIGTERM by pid (the spot reclaim notice, or a policy move); SIGKILL after the notice."""
@@ -227,9 +274,28 @@ class _Emulation:
         if trainer is None or trainer.kill_at_monotonic is not None:
             return
         trainer.stop_reason = reason
+        self.note_notice(trainer)
         trainer.kill_at_monotonic = time.monotonic() + self.notice_wall_s
         if trainer.process.poll() is None:
             os.kill(trainer.process.pid, signal.SIGTERM)
+
+    def note_notice(self, trainer: _Trainer) -> None:
+        """The trainer's node was told to stop now: it is billed until it is down."""
+        if trainer.notice_monotonic is None:
+            trainer.notice_monotonic = time.monotonic()
+        if trainer.holding is not None and trainer.holding.notice_at_s is None:
+            trainer.holding.notice_at_s = self.clock.now_s
+
+    def node_down(self, trainer: _Trainer) -> None:
+        """The trainer exited (or was killed): its node was up until then, at most the notice."""
+        holding = trainer.holding
+        if holding is None or holding.notice_at_s is None or trainer.notice_monotonic is None:
+            return
+        down_s = replay.node_down_s(
+            holding.notice_at_s, time.monotonic() - trainer.notice_monotonic,
+            self.clock.emulated_per_wall_s, self.rules.notice_s)
+        holding.trainer_exit_s = down_s
+        holding.end_s = max(holding.end_s if holding.end_s is not None else down_s, down_s)
 
     def end_holding(self, reason: str) -> None:
         holding = self.holding
@@ -243,8 +309,11 @@ class _Emulation:
         if (holding is not None and holding.kind == replay.SPOT and available < 1
                 and self.steps >= self.max_steps):
             # Reclaimed while the trainer writes its final eval and checkpoint: the loop has left
-            # its step loop and ignores the notice, so this interrupts nothing. Billing stops.
+            # its step loop and ignores the notice, so this interrupts nothing. The node is
+            # billed until that trainer exits (at most the notice).
             self.end_holding("reclaimed after the last step")
+            if self.trainer is not None:
+                self.note_notice(self.trainer)  # billed until its trainer exits (or the notice)
             self.record(PROVIDER_POLICY, {"event": "reclaimed_after_work"},
                         "spot reclaimed after the last step: not an interruption",
                         {"time_s": self.clock.now_s, "steps_done": float(self.steps)})
@@ -331,6 +400,7 @@ class _Emulation:
                 trainer.killed = True
                 self.notices_missed += 1
                 trainer.process.wait()
+                self.node_down(trainer)
             else:
                 if not trainer.ready:
                     self.read_progress()
@@ -338,6 +408,8 @@ class _Emulation:
                         # Booted: the emulated node's changeover (launch + restore) has passed.
                         self.advance(self.clock.now_s + self.rules.changeover_s)
                 return
+        if not trainer.killed:
+            self.node_down(trainer)
         self.read_progress()
         result = (json.loads(trainer.result_path.read_text())
                   if trainer.result_path.exists() else None)
@@ -410,12 +482,15 @@ def run_emulated(
     max_wall_s: float = 600.0,
     poll_s: float = 0.02,
     train_overrides: dict[str, Any] | None = None,
+    trainer_ignores_notice: bool = False,
 ) -> EmulatedResult:
     """Train `partition` for `max_steps` on the emulated cloud (see the module docstring).
 
     `out_dir` is a runs root: the run lives in `<out_dir>/<run_id>` (so `trainwise explain
     RUN_ID` with runs root `out_dir` finds it) and the shards in `<out_dir>/shards/<partition>`.
     `data_dir` (default: the `TRAINWISE_DATA_DIR` setting) holds the corpora and `spot/`.
+    `trainer_ignores_notice` (fault injection): trainers block SIGTERM, so each notice ends in a
+    SIGKILL and the resumed trainer re-runs the killed one's steps since its checkpoint.
     """
     from training import shards
 
@@ -455,7 +530,7 @@ def run_emulated(
             run_dir=run_dir, shards_dir=shards_dir,
             train_config=_train_config(run_id, max_steps, market, train_overrides),
             max_steps=max_steps, work_total_h=work_total_s / 3600.0, deadline_s=deadline_s,
-            notice_wall_s=notice_wall_s)
+            notice_wall_s=notice_wall_s, trainer_ignores_notice=trainer_ignores_notice)
         job.record(PROVIDER_POLICY, {"event": "job", "trace": market.source, "zone": market.zone,
                                      "instance_type": market.instance_type},
                    f"emulated job: {max_steps} steps on {market.instance_type} in {market.zone}, "
@@ -487,8 +562,10 @@ def run_emulated(
             if job.trainer is not None and job.trainer.process.poll() is None:
                 os.kill(job.trainer.process.pid, signal.SIGKILL)
                 job.trainer.process.wait()
+                job.node_down(job.trainer)
             job.end_holding("stopped")
     holdings = job.holdings
+    waste = job.count_replays()
     return EmulatedResult(
         status=status, run_id=run_id, run_dir=run_dir, steps=job.steps, max_steps=max_steps,
         preemptions=len(job.preemption_times), resumes=job.resumes, launches=job.launches,
@@ -502,7 +579,12 @@ def run_emulated(
         window_start_tick=market.window_start_tick, seconds_per_tick=seconds_per_tick,
         spot_usd_per_hour=market.spot_usd_per_hour,
         on_demand_usd_per_hour=market.on_demand_usd_per_hour,
-        holdings=tuple(asdict(h) for h in holdings), trainer_pids=tuple(job.pids))
+        holdings=tuple(asdict(h) for h in holdings), trainer_pids=tuple(job.pids),
+        replayed_steps=waste.replayed_steps, preemption_waste_s=waste.waste_s,
+        preemption_waste_usd=waste.waste_usd,
+        useful_train_s=min(job.steps, max_steps) * job.step_s,
+        stopping_node_s=sum(h.end_s - h.notice_at_s for h in holdings
+                            if h.notice_at_s is not None and h.end_s is not None))
 
 
 def result_record(result: EmulatedResult) -> dict[str, Any]:

@@ -6,13 +6,17 @@ job's `result_path` atomically. SIGTERM (the emulated spot reclaim) is handled b
 checkpoints at the next step boundary and returns status "preempted"; this process then exits 0.
 
 Job file (JSON): {"shards_dir", "run_dir", "result_path", "resume_from" (null or a checkpoint
-path), "train_config" (the `TrainConfig` fields, without `model`)}.
+path), "train_config" (the `TrainConfig` fields; `model` as a dict of `GPTConfig` fields or
+absent)}, and optionally "block_sigterm" (fault injection: a trainer that never answers the
+notice, so the provider SIGKILLs it; the signal is blocked before torch starts its threads, so
+no thread can take it).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,9 +40,13 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     if missing:
         raise ValueError(f"emulated worker job lacks {missing}; it needs {list(REQUIRED_KEYS)}")
     from training import loop, shards
+    from training.model import GPTConfig
 
     examples = shards.load_shards(Path(job["shards_dir"]))
-    config = loop.TrainConfig(**job["train_config"])
+    fields = dict(job["train_config"])
+    if isinstance(fields.get("model"), dict):
+        fields["model"] = GPTConfig(**fields["model"])
+    config = loop.TrainConfig(**fields)
     result = loop.train(config, examples, None, Path(job["run_dir"]),
                         resume_from=job["resume_from"])
     record = {
@@ -60,7 +68,10 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m trainwise.emulated_worker JOB.json", file=sys.stderr)
         return 2
-    run_job(json.loads(Path(argv[0]).read_text(encoding="utf-8")))
+    job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    if job.get("block_sigterm"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    run_job(job)
     return 0
 
 

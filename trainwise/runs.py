@@ -1,21 +1,43 @@
 """One training run, end to end, without Dagster: data in, checkpoint + MLflow run out.
 
-The `checkpoint` asset and the tests call `run_training`; it loads the shards and the current
-curriculum, prices the emulated instance, trains (the loop writes telemetry files only), then
-ingests the telemetry into DuckDB, uploads the checkpoint and logs the run to MLflow.
+The `checkpoint` asset and the tests call `run_training`. In order:
+
+1. validate every name and number of the request (nothing is written before this passes);
+2. preflight: the state folder, the DuckDB path, MLflow and the object store answer
+   (`trainwise.preflight`), so a bad setting costs a second, not a training;
+3. load the shards and the current curriculum, price the emulated instance;
+4. train: every checkpoint is uploaded as soon as it is durable (`CheckpointUploader`); a run
+   folder that holds checkpoints of an unfinished run (preempted, killed) is resumed from its
+   last good checkpoint instead of starting at step 0;
+5. ingest the telemetry into DuckDB, drain the uploads, log the run to MLflow. A service that
+   fails here never fails a finished training: the checkpoint stays on disk and the summary's
+   `pending` says what to redo;
+6. a run that did not complete (preempted, stopped, migrated) raises `RunInterruptedError`
+   after all of the above, so no caller can take a partial model for a finished one.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from controllers.fast_types import FastPolicy, NoOpFastPolicy
-from trainwise import settings, tracking
+from trainwise import preflight, settings, tracking
 from trainwise.object_store import ObjectStore
+
+FAST_POLICIES = ("noop", "heuristic")
+DATA_SELECTIONS = ("static", "dynamic")
+# numpy's legacy seeding and most tools take seeds in [0, 2**32).
+MAX_SEED = 2**32 - 1
+# Seconds to wait after training for queued checkpoint uploads (they retry with backoff).
+UPLOAD_DRAIN_TIMEOUT_S = 120.0
+OUTCOME_NAME = "outcome.json"
+INGEST_PENDING_NAME = "ingest_pending.json"
 
 
 @dataclass(frozen=True)
@@ -61,6 +83,10 @@ class RunSummary:
     events_ingested: int
     mlflow_run_id: str
     mlflow_where: str
+    # Step of the checkpoint this call resumed from; None when it started at step 0.
+    resumed_from_step: int | None = None
+    # What still has to be redone (a failed ingest, upload or MLflow log); "" when nothing.
+    pending: str = ""
 
     def metadata(self) -> dict[str, Any]:
         # NaN is not valid JSON metadata: an image-free run has no accuracy.
@@ -96,6 +122,7 @@ class RunSummary:
             f"  MLflow          {self.mlflow_where}\n"
             f"  Dagster         run {dagster_run_id}: `make ui`, then Runs\n"
             f"  decisions       trainwise explain {self.run_id}\n"
+            + (f"  PENDING         {self.pending}\n" if self.pending else "")
         )
 
 
@@ -114,7 +141,7 @@ def fast_policy(name: str) -> FastPolicy:
         from controllers.fast_heuristic import HeuristicFastPolicy
 
         return HeuristicFastPolicy()
-    raise ValueError(f"unknown fast policy {name!r}; valid: noop, heuristic")
+    raise ValueError(f"unknown fast policy {name!r}; valid: {', '.join(FAST_POLICIES)}")
 
 
 def step_metrics(events: list[dict[str, Any]]) -> list[tuple[int, dict[str, float]]]:
@@ -168,6 +195,168 @@ def control_path(state_dir: Path, run_id: str) -> Path:
     return state_dir / "runs" / run_id / "control.json"
 
 
+class RunFailedError(RuntimeError):
+    """A (Dagster) run failed or did not complete; the message carries each step's own error."""
+
+
+class RunInterruptedError(RuntimeError):
+    """Training ended without completing (preempted, stopped, migrated). Raised after the
+    checkpoint is kept, uploaded and the telemetry ingested; `summary` holds the figures and
+    `resume_hint` says how to continue from the checkpoint."""
+
+    def __init__(self, summary: RunSummary, max_steps: int) -> None:
+        self.summary = summary
+        self.resume_hint = (
+            f"re-execute the Dagster run (it resumes training run {summary.run_id} from its last "
+            f"good checkpoint), or call run_training again with run_id={summary.run_id!r}")
+        super().__init__(
+            f"training run {summary.run_id} ended {summary.status} at step {summary.steps} of "
+            f"{max_steps}; its checkpoint is kept at {summary.checkpoint_uri}; to resume: "
+            f"{self.resume_hint}")
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a whole number >= 1")
+
+
+def validate_request(request: TrainRequest) -> None:
+    """Every name and number of a request, checked before anything is written; each error names
+    the field, the value and what is valid."""
+    from telemetry.writer import rank_dir
+    from training.shards import validate_partition
+
+    try:
+        # The telemetry writer's rule for a run id: one safe path part, no '..', no separator.
+        rank_dir(Path("."), str(request.run_id), 0)
+    except ValueError as error:
+        raise ValueError(f"run_id: {error}") from error
+    validate_partition(request.partition)  # a known name, never a path; lists the valid ones
+    for name in ("max_steps", "micro_batch_size", "grad_accum_steps", "eval_every_steps",
+                 "fast_every_steps"):
+        _check_positive_int(name, getattr(request, name))
+    seed = request.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed={seed!r} must be a whole number in [0, {MAX_SEED}]")
+    rate = request.learning_rate
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (
+            math.isfinite(rate) and rate > 0):
+        raise ValueError(f"learning_rate={rate!r} must be a finite number > 0 (e.g. 1e-3)")
+    if request.fast_policy not in FAST_POLICIES:
+        raise ValueError(f"fast_policy={request.fast_policy!r}; valid: {', '.join(FAST_POLICIES)}")
+    if request.data_selection not in DATA_SELECTIONS:
+        raise ValueError(f"data_selection={request.data_selection!r}; valid: "
+                         f"{', '.join(DATA_SELECTIONS)}")
+
+
+def read_outcome(run_dir: Path) -> dict[str, Any] | None:
+    """What the last call of run_training recorded for this run folder, or None."""
+    path = Path(run_dir) / OUTCOME_NAME
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def is_resumable(run_dir: Path) -> bool:
+    """A run folder with committed checkpoints whose training did not complete (preempted,
+    stopped, migrated, or killed before it could record an outcome)."""
+    run_dir = Path(run_dir)
+    outcome = read_outcome(run_dir)
+    if outcome is not None and outcome.get("status") == "completed":
+        return False
+    from training.checkpoint import latest_checkpoint
+
+    # Committed checkpoints only: a payload without its manifest (a writer killed in its first
+    # checkpoint) is nothing to resume from, and the run starts over.
+    return latest_checkpoint(run_dir / "checkpoints") is not None
+
+
+def resumable_run_id(state_dir: Path, candidates: list[str]) -> str | None:
+    """The first of `candidates` (training run ids, newest lineage first) whose run folder can
+    be resumed; None when none can. Unsafe names are skipped, never joined to a path."""
+    from telemetry.writer import rank_dir
+
+    for run_id in candidates:
+        try:
+            rank_dir(Path("."), run_id, 0)
+        except ValueError:
+            continue
+        if is_resumable(Path(state_dir) / "runs" / run_id):
+            return run_id
+    return None
+
+
+def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(payload, indent=2, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _resume_point(run_dir: Path, request: TrainRequest) -> tuple[Path | None, int | None]:
+    """(checkpoint folder to resume from, its good checkpoint's step), or (None, None) for a
+    fresh start. Refuses a run id that already completed and a folder of another partition."""
+    outcome = read_outcome(run_dir)
+    if outcome is not None and outcome.get("status") == "completed":
+        raise ValueError(
+            f"run_id {request.run_id!r} already completed in {run_dir}; choose a new run id "
+            "(a completed run is never trained again in place)")
+    previous = run_dir / "request.json"
+    if previous.exists():
+        try:
+            earlier = json.loads(previous.read_text(encoding="utf-8")).get("partition")
+        except ValueError:
+            earlier = None
+        if earlier is not None and earlier != request.partition:
+            raise ValueError(
+                f"run_id {request.run_id!r} belongs to partition {earlier!r}, not "
+                f"{request.partition!r}; choose a new run id")
+    if not is_resumable(run_dir):
+        return None, None
+    from training.checkpoint import latest_good_checkpoint
+
+    folder = run_dir / "checkpoints"
+    good = latest_good_checkpoint(folder)
+    if good is None:
+        raise ValueError(
+            f"run folder {run_dir} holds checkpoints but none passes its check, so run "
+            f"{request.run_id!r} cannot be resumed; move {folder} away to start it over")
+    for skipped, why in good.skipped:
+        warnings.warn(f"resume of {request.run_id}: skipped {skipped} ({why})", stacklevel=3)
+    return folder, good.step
+
+
+def _upload_result(report: Any, checkpoint_path: Path) -> tuple[str | None, list[str]]:
+    """(uri of the final checkpoint if it was uploaded, failures as text) from the
+    CheckpointUploader's UploadReport (uploaded uris; failed (key, why) pairs)."""
+    failures = [f"{key}: {why}" for key, why in report.failed]
+    name = checkpoint_path.name
+    final = next((str(u) for u in report.uploaded if str(u).rstrip("/").endswith("/" + name)),
+                 None)
+    return final, failures
+
+
+def _ingest(telemetry_dir: Path, duckdb_path: Path, run_dir: Path, run_id: str
+            ) -> tuple[int, str]:
+    """(events ingested, pending text). A finished training never fails here: a busy or broken
+    DuckDB is recorded in `ingest_pending.json` and `trainwise ingest RUN_ID` redoes it."""
+    from telemetry import store as telemetry_store
+
+    marker = run_dir / INGEST_PENDING_NAME
+    try:
+        ingested = telemetry_store.ingest(telemetry_dir, duckdb_path)
+    except Exception as error:  # noqa: BLE001 - any ingest failure must leave training intact
+        pending = (f"telemetry ingest into {duckdb_path} failed ({type(error).__name__}: "
+                   f"{error}); the telemetry files are kept in {telemetry_dir}; re-ingest with "
+                   f"`trainwise ingest {run_id}`")
+        _write_json_atomic(marker, {"telemetry_dir": str(telemetry_dir),
+                                    "duckdb_path": str(duckdb_path), "error": repr(error)})
+        warnings.warn(pending, stacklevel=3)
+        return 0, pending
+    marker.unlink(missing_ok=True)
+    return ingested, ""
+
+
 def run_training(
     request: TrainRequest,
     *,
@@ -177,38 +366,46 @@ def run_training(
     store: ObjectStore,
     duckdb_path: Path,
     progress: bool = False,
+    preflight_timeout_s: float = preflight.DEFAULT_TIMEOUT_S,
+    upload_timeout_s: float = UPLOAD_DRAIN_TIMEOUT_S,
 ) -> RunSummary:
+    """Trains (or resumes) one run; see the module docstring for the order of things.
+
+    Raises ValueError (a bad request, nothing written), `preflight.PreflightError` (a path or
+    service is not usable, nothing trained) or `RunInterruptedError` (training did not complete;
+    its checkpoint is kept and the call can be repeated with the same run id to resume)."""
     from telemetry import reader
-    from telemetry import store as telemetry_store
     from training import curriculum as curriculum_lib
     from training import loop, shards
 
-    if request.max_steps <= 0:
-        raise ValueError(f"max_steps must be positive, got {request.max_steps}")
+    # 1. Names and numbers: nothing is written until all pass.
+    validate_request(request)
     price = price_usd_per_hour(request.instance_type, request.region)
-    examples = shards.load_shards(state_dir / "shards" / request.partition)
-    curriculum = curriculum_lib.load_curriculum(state_dir / "curricula" / request.partition)
     policy = fast_policy(request.fast_policy)
-    if request.data_selection not in ("static", "dynamic"):
-        raise ValueError(f"data_selection {request.data_selection!r}: use static or dynamic")
     config = loop.TrainConfig(
         max_steps=request.max_steps,
         micro_batch_size=request.micro_batch_size,
         grad_accum_steps=request.grad_accum_steps,
         learning_rate=request.learning_rate,
+        # The cosine floor may not exceed the peak rate (a tiny peak rate keeps itself).
+        min_learning_rate=min(loop.TrainConfig.min_learning_rate, request.learning_rate),
         eval_every_steps=request.eval_every_steps,
         fast_every_steps=request.fast_every_steps,
         seed=request.seed,
         price_usd_per_hour=price,
         instance_type=request.instance_type,
         run_id=request.run_id,
-        num_threads=int(settings.get("TRAINWISE_TORCH_THREADS")),
+        num_threads=settings.torch_threads(),
     )
+    state_dir = Path(state_dir)
     run_dir = state_dir / "runs" / request.run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    # Written first: the slow-policy sensor finds a partition's live run by this file.
-    request_path = run_dir / "request.json"
-    request_path.write_text(json.dumps(asdict(request), indent=2))
+    # 2. Paths and services, before the data is loaded or a step is taken.
+    preflight.check_services(state_dir=state_dir, duckdb_path=Path(duckdb_path),
+                             tracking_uri=tracking_uri, store=store, timeout_s=preflight_timeout_s)
+    # 3. Data (read only).
+    examples = shards.load_shards(state_dir / "shards" / request.partition)
+    curriculum = curriculum_lib.load_curriculum(state_dir / "curricula" / request.partition)
+    resume_from, resumed_step = _resume_point(run_dir, request)
     pruning = None
     if request.data_selection == "dynamic":
         from training import scoring
@@ -218,55 +415,100 @@ def run_training(
             pruning_rate=curriculum.pruning_rate,
             initial_scores=scoring.read_scores(state_dir / "scores" / request.partition),
             control_path=control_path(state_dir, request.run_id))
-    result = loop.train(config, examples, curriculum, run_dir, fast_policy=policy,
-                        progress=progress, pruning=pruning)
 
-    events = reader.read_run_events(result.telemetry_dir)
-    ingested = telemetry_store.ingest(result.telemetry_dir, duckdb_path)
+    # 4. Train. request.json is written first: the slow-policy sensor finds a partition's live
+    # run by this file.
+    run_dir.mkdir(parents=True, exist_ok=True)
+    request_path = run_dir / "request.json"
+    request_path.write_text(json.dumps(asdict(request), indent=2))
+    (run_dir / OUTCOME_NAME).unlink(missing_ok=True)  # this call's outcome replaces any earlier
+    from trainwise.object_store import CheckpointUploader
+
+    uploader = CheckpointUploader(store, key_prefix=f"checkpoints/{request.partition}/"
+                                                    f"{request.run_id}")
+    try:
+        result = loop.train(config, examples, curriculum, run_dir, fast_policy=policy,
+                            progress=progress, pruning=pruning, resume_from=resume_from,
+                            on_checkpoint=uploader.submit)
+    except BaseException:
+        # The checkpoints written so far still go out (briefly): a crash loses no more.
+        uploader.drain(min(upload_timeout_s, 10.0))
+        raise
+
+    # 5. Record it everywhere; a failing service leaves the checkpoint and a pending note.
+    pending: list[str] = []
+    try:
+        events = reader.read_run_events(result.telemetry_dir)
+    except (ValueError, OSError) as error:  # a damaged segment must not fail the training
+        events = []
+        pending.append(f"reading telemetry for MLflow failed: {error}")
+    # The checkpoint first (it is what a preempted node must save within its notice), then
+    # the telemetry, then MLflow.
     checkpoint_path = Path(result.checkpoint_path)
-    key = f"checkpoints/{request.partition}/{request.run_id}/{checkpoint_path.name}"
-    checkpoint_uri = store.put_file(checkpoint_path, key)
+    checkpoint_uri, failures = _upload_result(uploader.drain(upload_timeout_s), checkpoint_path)
+    if checkpoint_uri is None:
+        checkpoint_uri = checkpoint_path.resolve().as_uri()
+        why = "; ".join(failures) or f"not uploaded within {upload_timeout_s:.0f} s"
+        pending.append(f"checkpoint upload failed ({why}); the checkpoint is kept at "
+                       f"{checkpoint_path}")
+    elif failures:
+        pending.append(f"earlier checkpoint uploads failed: {'; '.join(failures)}")
+    ingested, ingest_pending = _ingest(result.telemetry_dir, Path(duckdb_path), run_dir,
+                                       request.run_id)
+    if ingest_pending:
+        pending.append(ingest_pending)
 
     plot = plot_cost_vs_loss(events, run_dir / "eval_loss_vs_cost.png")
     final = {
         "final/eval_loss": result.final_eval_loss,
+        "final/eval_accuracy": result.final_eval_accuracy,
         "final/cost_usd": result.cost_usd,
         "final/tokens": result.tokens_seen,
         "final/samples": result.samples_seen,
         "final/wall_s": result.elapsed_s,
     }
-    if result.final_eval_accuracy is not None:
-        final["final/eval_accuracy"] = result.final_eval_accuracy
-    mlflow_run_id = tracking.log_run(tracking_uri, tracking.RunRecord(
-        experiment=experiment,
-        run_name=f"{request.partition}-{request.run_id[:8]}",
-        params={
-            **{f"train/{k}": v for k, v in asdict(config).items()},
-            "data/partition": request.partition,
-            "data/fingerprint": examples.fingerprint,
-            "curriculum/version": curriculum.version,
-            "curriculum/pruning_rate": curriculum.pruning_rate,
-            "policy/fast": policy.name,
-            "policy/slow": ("slow_policy_sensor" if request.data_selection == "dynamic"
-                            else "none"),
-            "data/selection": request.data_selection,
-            "cloud/instance_type": request.instance_type,
-            "cloud/price_usd_per_hour": price,
-        },
-        step_metrics=step_metrics(events),
-        final_metrics=final,
-        tags={"dagster_run_id": request.run_id, "partition": request.partition},
-        artifacts=[p for p in (plot, request_path) if p is not None],
-    ))
-    return RunSummary(
+    # A run preempted before its first eval has no eval loss: skip it, never log None.
+    final = {k: v for k, v in final.items() if v is not None}
+    mlflow_run_id, mlflow_where = "", ""
+    try:
+        mlflow_run_id = tracking.log_run(tracking_uri, tracking.RunRecord(
+            experiment=experiment,
+            run_name=f"{request.partition}-{request.run_id[:8]}",
+            params={
+                **{f"train/{k}": v for k, v in asdict(config).items()},
+                "data/partition": request.partition,
+                "data/fingerprint": examples.fingerprint,
+                "curriculum/version": curriculum.version,
+                "curriculum/pruning_rate": curriculum.pruning_rate,
+                "policy/fast": policy.name,
+                "policy/slow": ("slow_policy_sensor" if request.data_selection == "dynamic"
+                                else "none"),
+                "data/selection": request.data_selection,
+                "cloud/instance_type": request.instance_type,
+                "cloud/price_usd_per_hour": price,
+                "resume/from_step": -1 if resumed_step is None else resumed_step,
+            },
+            step_metrics=step_metrics(events),
+            final_metrics=final,
+            tags={"dagster_run_id": request.run_id, "partition": request.partition,
+                  "trainwise/status": result.status},
+            artifacts=[p for p in (plot, request_path) if p is not None],
+        ))
+        mlflow_where = tracking.run_url(tracking_uri, mlflow_run_id)
+    except Exception as error:  # noqa: BLE001 - the trained checkpoint outlives MLflow
+        pending.append(f"MLflow logging to {tracking_uri} failed ({type(error).__name__}: "
+                       f"{error}); the run's figures are kept in {run_dir}")
+        warnings.warn(pending[-1], stacklevel=2)
+    summary = RunSummary(
         run_id=request.run_id,
         partition=request.partition,
         status=result.status,
         steps=result.steps,
         tokens_seen=result.tokens_seen,
         samples_seen=result.samples_seen,
-        final_eval_loss=result.final_eval_loss,
-        final_eval_accuracy=(float("nan") if result.final_eval_accuracy is None
+        final_eval_loss=(math.nan if result.final_eval_loss is None
+                         else result.final_eval_loss),
+        final_eval_accuracy=(math.nan if result.final_eval_accuracy is None
                              else result.final_eval_accuracy),
         cost_usd=result.cost_usd,
         train_wall_s=result.elapsed_s,
@@ -279,5 +521,31 @@ def run_training(
         telemetry_dir=str(result.telemetry_dir),
         events_ingested=ingested,
         mlflow_run_id=mlflow_run_id,
-        mlflow_where=tracking.run_url(tracking_uri, mlflow_run_id),
+        mlflow_where=mlflow_where,
+        resumed_from_step=resumed_step,
+        pending="; ".join(pending),
     )
+    _write_json_atomic(run_dir / OUTCOME_NAME, {**summary.metadata(),
+                                                "checkpoint_path": str(checkpoint_path)})
+    # 6. A partial model is never a success.
+    if result.status != "completed":
+        raise RunInterruptedError(summary, request.max_steps)
+    return summary
+
+
+def reingest(state_dir: Path, run_id: str, duckdb_path: Path) -> int:
+    """Ingests a run's telemetry again (after `pending` said the ingest failed); returns the
+    events ingested and clears the run's ingest_pending.json."""
+    from telemetry.writer import rank_dir
+
+    rank_dir(Path("."), run_id, 0)  # one safe path part, or a ValueError saying so
+    run_dir = Path(state_dir) / "runs" / run_id
+    telemetry_dir = run_dir / "telemetry" / run_id
+    if not telemetry_dir.is_dir():
+        raise FileNotFoundError(f"no telemetry for run {run_id!r} in {telemetry_dir}; "
+                                "`trainwise explain` lists the run ids it finds")
+    from telemetry import store as telemetry_store
+
+    ingested = telemetry_store.ingest(telemetry_dir, Path(duckdb_path))
+    (run_dir / INGEST_PENDING_NAME).unlink(missing_ok=True)
+    return ingested

@@ -7,6 +7,7 @@ them from its own environment chain, so they cannot leak into params or metadata
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,14 @@ SETTINGS: tuple[Setting, ...] = (
 
 _BY_NAME = {s.name: s for s in SETTINGS}
 
+# Most torch intra-op threads a trainer may ask for; more than the machine has only slows it.
+MAX_TORCH_THREADS = 1024
+
+
+class SettingError(ValueError):
+    """A setting whose value cannot be used; the message names the variable, the value and the
+    valid range (a ValueError, so callers that catch bad input catch this too)."""
+
 
 def get(name: str) -> str:
     """The value of a trainwise setting: the environment, else its documented default."""
@@ -60,10 +69,74 @@ def get(name: str) -> str:
     return value if value != "" else _BY_NAME[name].default
 
 
+def _range_text(minimum: float | None, maximum: float | None, max_inclusive: bool) -> str:
+    low = "-inf" if minimum is None else f"{minimum:g}"
+    high = "inf" if maximum is None else f"{maximum:g}"
+    return f"[{low}, {high}{']' if max_inclusive else ')'}"
+
+
+def get_float(name: str, minimum: float | None = None, maximum: float | None = None, *,
+              max_inclusive: bool = True) -> float:
+    """A setting as a finite float in [minimum, maximum] (or [minimum, maximum) when
+    `max_inclusive` is False); otherwise a SettingError naming the variable and the range."""
+    raw = get(name)
+    valid = _range_text(minimum, maximum, max_inclusive)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    too_high = maximum is not None and (value > maximum or (not max_inclusive and value == maximum))
+    if not math.isfinite(value) or (minimum is not None and value < minimum) or too_high:
+        raise SettingError(
+            f"{name}={raw!r} is not a number in {valid}; set {name} to a number in {valid} "
+            f"or unset it for the default {_BY_NAME[name].default!r}")
+    return value
+
+
+def get_int(name: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """A setting as an integer in [minimum, maximum]; otherwise a SettingError naming the
+    variable, the bad value and the range."""
+    raw = get(name)
+    valid = _range_text(minimum, maximum, True)
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or (minimum is not None and value < minimum) or (
+            maximum is not None and value > maximum):
+        raise SettingError(
+            f"{name}={raw!r} is not a whole number in {valid}; set {name} to a whole number "
+            f"in {valid} or unset it for the default {_BY_NAME[name].default!r}")
+    return value
+
+
+def pruning_rate() -> float:
+    """TRAINWISE_PRUNING_RATE: share of easy examples pruned, in [0, 1)."""
+    return get_float("TRAINWISE_PRUNING_RATE", 0.0, 1.0, max_inclusive=False)
+
+
+def torch_threads() -> int:
+    """TRAINWISE_TORCH_THREADS: torch intra-op threads of the trainer, >= 1."""
+    return get_int("TRAINWISE_TORCH_THREADS", 1, MAX_TORCH_THREADS)
+
+
 def home_dir() -> Path:
-    """The state folder (created on first use); everything trainwise writes lives under it."""
-    path = Path(get("TRAINWISE_HOME")).expanduser().resolve()
-    path.mkdir(parents=True, exist_ok=True)
+    """The state folder (created on first use); everything trainwise writes lives under it.
+
+    A TRAINWISE_HOME that is a file, or that cannot be created, is a SettingError naming the
+    variable (not a bare FileExistsError from deep inside a run)."""
+    raw = get("TRAINWISE_HOME")
+    path = Path(raw).expanduser().resolve()
+    if path.exists() and not path.is_dir():
+        raise SettingError(
+            f"TRAINWISE_HOME={raw!r} is a file, not a folder; set TRAINWISE_HOME to a folder "
+            "(it is created if missing), or move the file away")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise SettingError(
+            f"TRAINWISE_HOME={raw!r} cannot be created ({error.strerror or error}); set "
+            "TRAINWISE_HOME to a writable folder") from error
     return path
 
 
@@ -80,3 +153,16 @@ def duckdb_path() -> Path:
 def mlflow_uri() -> str:
     value = get("TRAINWISE_MLFLOW_URI")
     return value if value else f"sqlite:///{home_dir() / 'mlflow.db'}"
+
+
+def check_all() -> None:
+    """Checks every typed setting at once (the CLI calls it before any slow work); raises a
+    SettingError listing each bad one."""
+    problems = []
+    for check in (home_dir, pruning_rate, torch_threads):
+        try:
+            check()
+        except SettingError as error:
+            problems.append(str(error))
+    if problems:
+        raise SettingError("\n".join(problems))

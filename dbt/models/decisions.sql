@@ -1,5 +1,6 @@
 select
     run_id,
+    run_instance,
     step,
     wall_time_s,
     payload ->> 'layer' as layer,
