@@ -21,38 +21,28 @@ from typing import Any
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
-def git_commit(cwd: Path = PROJECT_ROOT) -> str | None:
-    """`git rev-parse HEAD`, or None when git or the repository is missing."""
+def _git(args: list[str], cwd: Path) -> str | None:
+    """stdout of `git <args>`, or None when git or the repository is missing."""
     try:
         done = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=False
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    commit = done.stdout.strip()
-    return commit if done.returncode == 0 and commit else None
+    return done.stdout if done.returncode == 0 else None
+
+
+def git_commit(cwd: Path = PROJECT_ROOT) -> str | None:
+    """`git rev-parse HEAD`, or None when git or the repository is missing."""
+    commit = (_git(["rev-parse", "HEAD"], cwd) or "").strip()
+    return commit or None
 
 
 def git_tree_dirty(cwd: Path = PROJECT_ROOT) -> bool | None:
     """Whether tracked files differ from HEAD (`git status --porcelain -uno`), or None without
     git. A figure measured on a dirty tree cannot be tied to one commit, so results say so."""
-    try:
-        done = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(done.stdout.strip()) if done.returncode == 0 else None
+    status = _git(["status", "--porcelain", "--untracked-files=no"], cwd)
+    return None if status is None else bool(status.strip())
 
 
 def memory_gib() -> float | None:

@@ -10,6 +10,7 @@ SUITES = {
     "fast_layer": "benchmarks.fast_layer",
     "data": "benchmarks.data",
     "emulated": "benchmarks.emulated_run",
+    "faults": "benchmarks.faults.__main__",
 }
 
 
