@@ -1,12 +1,18 @@
 """External systems as Dagster resources, each with an embedded default and one switch.
 
-A field left empty falls back to its setting in `trainwise.settings` (read when the resource is
-used, not when the code location loads), so a fresh clone runs with no servers and one
-environment variable points each resource at the real thing.
+The code location builds them with `launchpad_resources()`: each field that is a setting is a
+`dg.EnvVar` naming that setting's variable, so the Launchpad and the resource page show where
+the value comes from (not ''), and the defaults are applied in one place, `apply_setting_defaults`
+(each documented default of `trainwise.settings` put into the environment unless already set).
+A setting whose default is "derived" (empty: the DuckDB file, the MLflow store and the S3 bucket
+default to places under the state folder) is an EnvVar when the variable is set, else '' and the
+resource derives it when used. A resource built by hand with no arguments (tests, headless runs)
+falls back to the settings when used, as before.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import dagster as dg
@@ -76,3 +82,36 @@ class ObjectStoreResource(dg.ConfigurableResource):
         endpoint = self.endpoint_url or settings.get("TRAINWISE_S3_ENDPOINT_URL") or None
         client = S3Resource(endpoint_url=endpoint, region_name=self.region_name).get_client()
         return S3ObjectStore(client, bucket, self.prefix or settings.get("TRAINWISE_S3_PREFIX"))
+
+
+# Resource field -> the setting that feeds it.
+_FIELDS: dict[str, dict[str, str]] = {
+    "state": {"home": "TRAINWISE_HOME"},
+    "telemetry_store": {"duckdb_path": "TRAINWISE_DUCKDB_PATH"},
+    "mlflow": {"tracking_uri": "TRAINWISE_MLFLOW_URI"},
+    "object_store": {"bucket": "TRAINWISE_S3_BUCKET", "endpoint_url": "TRAINWISE_S3_ENDPOINT_URL",
+                     "prefix": "TRAINWISE_S3_PREFIX"},
+}
+_CLASSES = {"state": StateResource, "telemetry_store": TelemetryStoreResource,
+            "mlflow": MLflowResource, "object_store": ObjectStoreResource}
+
+
+def apply_setting_defaults() -> None:
+    """The one place defaults reach Dagster: every setting with a non-empty documented default
+    that is unset (or empty) in the environment gets that default, so an EnvVar resolves."""
+    for setting in settings.SETTINGS:
+        if setting.default and not os.environ.get(setting.name):
+            os.environ[setting.name] = setting.default
+
+
+def _value(name: str) -> str:
+    if os.environ.get(name):
+        return dg.EnvVar(name)
+    return ""  # a derived default: the resource works it out from the state folder when used
+
+
+def launchpad_resources() -> dict[str, dg.ConfigurableResource]:
+    """The code location's resources, each setting as a dg.EnvVar (see the module docstring)."""
+    apply_setting_defaults()
+    return {key: _CLASSES[key](**{field: _value(name) for field, name in fields.items()})
+            for key, fields in _FIELDS.items()}

@@ -1,6 +1,7 @@
 """The training run as an asset: a checkpoint, with its cost and eval loss in MLflow."""
 
 from pathlib import Path
+from typing import Literal
 
 import dagster as dg
 
@@ -32,13 +33,24 @@ class TrainRunConfig(dg.Config):
     """Seed of model init, sampler and RNG streams."""
     instance_type: str = ""
     """Instance type the emulated node stands for; empty = TRAINWISE_INSTANCE_TYPE."""
-    fast_policy: str = "heuristic"
-    """Fast policy run inside the loop (noop | heuristic)."""
+    fast_policy: Literal["noop", "heuristic"] = "heuristic"
+    """Fast policy run inside the loop (a test keeps the choices equal to runs.FAST_POLICIES)."""
     fast_every_steps: int = 10
     """Steps between fast-policy decisions."""
-    data_selection: str = "static"
+    data_selection: Literal["static", "dynamic"] = "static"
     """static (the curriculum as built) | dynamic (InfoBatch per epoch, rate steered live by the
     slow-policy sensor through the run's control file)."""
+
+
+def mlflow_link(tracking_uri: str, where: str) -> dg.MetadataValue:
+    """A clickable link for an http tracking server; else a text note on how to browse the run
+    (a sqlite store has no web address until someone starts `mlflow ui`)."""
+    if where.startswith(("http://", "https://")) and tracking_uri.startswith(("http://",
+                                                                              "https://")):
+        return dg.MetadataValue.url(where)
+    return dg.MetadataValue.text(f"no MLflow server (set TRAINWISE_MLFLOW_URI to one for a link);"
+                                 f" to browse this run: {where}" if where else
+                                 "not recorded in MLflow")
 
 
 # Run tag recording which training run (run folder, telemetry, checkpoints) a Dagster run drove;
@@ -111,4 +123,6 @@ def checkpoint(
     if summary.pending:
         context.log.warning(f"training completed, but: {summary.pending}")
     context.log.info(summary.one_line())
-    return dg.MaterializeResult(metadata=summary.metadata())
+    metadata = summary.metadata()
+    metadata["mlflow_where"] = mlflow_link(mlflow.uri(), summary.mlflow_where)
+    return dg.MaterializeResult(metadata=metadata)

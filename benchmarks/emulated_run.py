@@ -2,6 +2,11 @@
 
     python -m benchmarks.emulated_run [--steps 60] [--policy trainwise_heuristic]
         [--partition pystdlib] [--window-start-tick N] [--seconds-per-tick 0.2]
+        [--object-store]
+
+The job runs through the `emulated` provider (`cloud/providers/emulated.py`). With
+`--object-store` every checkpoint is uploaded to a local object store folder, a stopped node's
+disk is deleted, and each replacement restores from the store.
 
 Without `--window-start-tick` the first window of the trace (after tick 200) where spot is up
 for 4 ticks and then reclaimed is replayed, so the run meets at least one preemption. Writes
@@ -40,6 +45,7 @@ def to_markdown(r: dict[str, Any]) -> str:
         f"| {h['end_reason']} |" for h in r["holdings"])
     return f"""# Emulated cloud: one job
 
+Provider `{r['provider']}`{' with checkpoints restored from the object store' if r['object_store'] else ''}.
 Real trainer processes on this machine; the spot trace `{r['trace_source']}` ({r['zone']},
 {r['instance_type']}) replayed from tick {r['window_start_tick']} at {r['seconds_per_tick']} s of
 wall time per trace tick. A reclaim sends SIGTERM to the trainer's pid; it checkpoints and exits;
@@ -74,14 +80,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--partition", default="pystdlib")
     parser.add_argument("--window-start-tick", type=int, default=None)
     parser.add_argument("--seconds-per-tick", type=float, default=0.2)
+    parser.add_argument("--object-store", action="store_true",
+                        help="replacements restore from a local object store (disks are lost)")
     args = parser.parse_args(argv)
     start = (args.window_start_tick if args.window_start_tick is not None
              else default_window(DEFAULT_TRACE_FOLDER, DEFAULT_ZONE_FILE))
     with tempfile.TemporaryDirectory(prefix="trainwise-emulated-") as work:
         result = run_emulated(args.partition, max_steps=args.steps, window_start_tick=start,
                               seconds_per_tick=args.seconds_per_tick, policy_name=args.policy,
-                              out_dir=Path(work), run_id="emulated-bench")
+                              out_dir=Path(work), run_id="emulated-bench",
+                              object_store_dir=Path(work) / "store" if args.object_store else None)
         record = result_record(result)
+    record["provider"] = "emulated"
+    record["object_store"] = bool(args.object_store)
     record.pop("run_dir")  # a temporary folder, gone now
     record.pop("trainer_pids")
     write_results(RESULTS_DIR, NAME, record, to_markdown(record),

@@ -54,10 +54,6 @@ from controllers.allocation_types import AllocationObservation
 SPOT = "spot"
 ON_DEMAND = "on_demand"
 SYNTHETIC_SOURCE = "SYNTHETIC availability (shared spot data missing; not a real trace)"
-# The Can't Be Late paper's spot discount for p3.2xlarge (0.9731 vs 3.06 USD/h), used only when
-# the Spot Advisor feed is missing.
-_CANT_BE_LATE_DISCOUNT = 1.0 - prices.CANT_BE_LATE_SPOT_USD_PER_HOUR / (
-    prices.CANT_BE_LATE_ON_DEMAND_USD_PER_HOUR)
 
 
 @dataclass(frozen=True)
@@ -107,13 +103,11 @@ def synthetic_availability(n_ticks: int, up_ticks: int = 4, down_ticks: int = 3)
 
 
 def spot_price(instance_type: str, region: str) -> tuple[float, str]:
-    """Spot USD/h from the Spot Advisor feed, else the Can't Be Late discount; and its source."""
-    try:
-        return prices.spot_price_from_advisor(instance_type, region), "spot advisor 2025-06"
-    except (FileNotFoundError, ValueError):
-        on_demand = prices.on_demand_price(instance_type, region)
-        return (prices.spot_price_from_discount(on_demand, _CANT_BE_LATE_DISCOUNT),
-                "Can't Be Late discount (advisor feed missing)")
+    """Spot USD/h from the Spot Advisor feed, else the Can't Be Late discount; and its source
+    (the providers' billing price, `cloud.providers.base.spot_price_usd_per_hour`)."""
+    from cloud.providers.base import spot_price_usd_per_hour
+
+    return spot_price_usd_per_hour(instance_type, region)
 
 
 def load_replay_market(

@@ -11,7 +11,9 @@ bound on every policy's cost in the simulator:
 - Every start of a config costs one changeover: billed, no training. Work is counted in units of
   q seconds; the changeover is rounded DOWN to whole units and the work needed is rounded DOWN
   too, so the oracle is credited with at least the simulator's work. It pays no checkpoints,
-  loses no work, and its last tick is billed only for the training seconds it needs.
+  loses no work, and its last tick is billed only for the training seconds it needs (or whole,
+  with `ClusterRules.bill_finishing_tick_whole`: the Can't Be Late convention, under which,
+  with an exact grid, the bound IS the exact optimum; see benchmarks/cant_be_late).
 - The changeover is booked as a debt: starting a config moves work down by the changeover and
   every running tick moves it up by a tick. This is exact for runs at least one changeover long;
   a shorter run earns nothing in the simulator and is never better than idling, which the
@@ -59,27 +61,41 @@ class OracleResult:
         return math.isfinite(self.cost_deadline_met_usd)
 
 
-def _work_unit(tick_s: int, changeover_s: float, run_s: float) -> tuple[float, int, int]:
+def _work_unit(
+    tick_s: int, changeover_s: float, run_s: float, max_levels: int = MAX_WORK_LEVELS
+) -> tuple[float, int, int]:
     """(q, ticks' worth of units T, changeover units D), q dividing the tick.
 
-    q = gcd(tick, changeover) makes the changeover exact when the levels stay few enough;
+    q = gcd(tick, changeover, work) makes the changeover and the work exact when the levels stay
+    few enough (whole seconds);
     otherwise q = tick / k with the largest k that keeps the levels under MAX_WORK_LEVELS.
     """
     if float(changeover_s).is_integer():
         q = float(math.gcd(int(tick_s), int(changeover_s)))
-        if q > 0 and run_s / q <= MAX_WORK_LEVELS:
+        if abs(run_s - round(run_s)) < 1e-6:
+            # The work on the grid too (whole seconds), so that rounding it down loses nothing.
+            q = float(math.gcd(int(q), round(run_s)))
+        if q > 0 and run_s / q <= max_levels:
             return q, round(tick_s / q), round(changeover_s / q)
-    k = max(1, int(tick_s * MAX_WORK_LEVELS // max(run_s, 1.0)))
+    k = max(1, int(tick_s * max_levels // max(run_s, 1.0)))
     q = tick_s / k
     return q, k, math.floor(changeover_s / q + 1e-9)
 
 
-def hindsight_optimum(job: JobSpec, rules: ClusterRules, market: Market) -> OracleResult:
-    """The lower bound over every zone of `market` (multi-zone when it has several)."""
+def hindsight_optimum(
+    job: JobSpec, rules: ClusterRules, market: Market, max_work_levels: int = MAX_WORK_LEVELS
+) -> OracleResult:
+    """The lower bound over every zone of `market` (multi-zone when it has several).
+
+    `max_work_levels` caps the work grid; when gcd(tick, changeover) fits under it the grid is
+    exact and, with `rules.bill_finishing_tick_whole`, so is the optimum (the Can't Be Late
+    benchmark passes a cap large enough for that)."""
     horizon = job_horizon(job, rules, market)
     n_nodes = job.node_count
-    q, tick_units, debt_units = _work_unit(market.tick_s, rules.changeover_s, horizon.run_s)
-    need_units = max(1, math.floor(horizon.run_s / q + 1e-9))
+    q, tick_units, debt_units = _work_unit(
+        market.tick_s, rules.changeover_s, horizon.run_s, max_work_levels
+    )
+    need_units = max(1, math.floor(horizon.run_s / q + 1e-6))
     levels = need_units + debt_units  # index i holds work w = i - debt_units
 
     # Configs: (zone, s spot) for s = 1..N, then all on-demand at the cheapest zone.
@@ -98,6 +114,9 @@ def hindsight_optimum(job: JobSpec, rules: ClusterRules, market: Market) -> Orac
     usd_per_s.append(od_usd_per_s)
     price_s = np.asarray(usd_per_s)
     tick_cost = price_s * market.tick_s
+    # Seconds billed for the finishing tick: the training seconds it needs (per-second billing),
+    # or the whole tick (`bill_finishing_tick_whole`).
+    whole = rules.bill_finishing_tick_whole
     feasible = (
         market.spot_available[np.asarray(zone_of), : horizon.ticks] >= np.asarray(spot_of)[:, None]
     )
@@ -128,6 +147,7 @@ def hindsight_optimum(job: JobSpec, rules: ClusterRules, market: Market) -> Orac
         tail = max(0, levels - tick_units)
         finish_candidates = [
             (states[:, tail:] + price_s[:, None] * q * finish_units_continue[tail:]).min(axis=1)
+            if not whole else states[:, tail:].min(axis=1) + tick_cost
         ]
         # Start a config from the best state of the last tick: +T - D units.
         if start_shift >= 0:
@@ -139,6 +159,7 @@ def hindsight_optimum(job: JobSpec, rules: ClusterRules, market: Market) -> Orac
                 (best[tail:][None, :] + price_s[:, None] * q * finish_units_start[tail:]).min(
                     axis=1
                 )
+                if not whole else (best[tail:].min() if tail < levels else np.inf) + tick_cost
             )
         else:
             start_row[: levels + start_shift] = best[-start_shift:]
@@ -171,12 +192,15 @@ def hindsight_optimum(job: JobSpec, rules: ClusterRules, market: Market) -> Orac
 
 
 def single_zone_optimum(
-    job: JobSpec, rules: ClusterRules, market: Market, zone: str
+    job: JobSpec, rules: ClusterRules, market: Market, zone: str,
+    max_work_levels: int = MAX_WORK_LEVELS,
 ) -> OracleResult:
     """The lower bound for a job that must stay in `zone` (the Can't Be Late setting)."""
-    return hindsight_optimum(job, rules, market.zone_market(zone))
+    return hindsight_optimum(job, rules, market.zone_market(zone), max_work_levels)
 
 
-def multi_zone_optimum(job: JobSpec, rules: ClusterRules, market: Market) -> OracleResult:
+def multi_zone_optimum(
+    job: JobSpec, rules: ClusterRules, market: Market, max_work_levels: int = MAX_WORK_LEVELS
+) -> OracleResult:
     """The lower bound for a job that may move among all zones of `market`, paying a changeover."""
-    return hindsight_optimum(job, rules, market)
+    return hindsight_optimum(job, rules, market, max_work_levels)

@@ -24,22 +24,49 @@ def on_demand_finish_s(obs: AllocationObservation) -> float:
     return obs.changeover_s + run_s + saves
 
 
-def spot_risk_s(obs: AllocationObservation) -> float:
-    """Wall seconds a spot gang can lose before the next decision: one tick, plus the notice save
-    when it fits the notice, else the work not yet checkpointed."""
+def preemption_loss_s(obs: AllocationObservation) -> float:
+    """Wall seconds of work a preemption at the next boundary costs beyond the tick itself: the
+    notice save when it fits the notice, else the work not yet checkpointed (0 in the Can't Be
+    Late setting, which saves nothing and loses nothing)."""
     if obs.checkpoint_save_s <= obs.notice_s:
-        return obs.tick_s + obs.checkpoint_save_s
-    unsaved_s = (obs.work_done_h - obs.work_checkpointed_h) / obs.work_rate_gpu_h_per_h * 3600.0
-    return obs.tick_s + unsaved_s
+        return obs.checkpoint_save_s
+    return (obs.work_done_h - obs.work_checkpointed_h) / obs.work_rate_gpu_h_per_h * 3600.0
 
 
-def deadline_forces_on_demand(obs: AllocationObservation) -> bool:
-    """True when waiting one more tick off on-demand could make the deadline unreachable."""
-    return obs.time_left_s < on_demand_finish_s(obs) + spot_risk_s(obs)
+def at_safety_point(obs: AllocationObservation, changeovers: int = 1) -> bool:
+    """The published simulator's deadline test: the run still needed plus `changeovers`
+    changeovers, rounded UP to whole ticks, is at least the time left rounded DOWN to whole
+    ticks. The project adds its periodic saves and what a preemption loses (both 0 in the Can't
+    Be Late setting, where this is the published test exactly) so the deadline still holds."""
+    tick = obs.tick_s
+    need_s = (on_demand_finish_s(obs) + (changeovers - 1) * obs.changeover_s
+              + preemption_loss_s(obs))
+    need_ticks = math.ceil(need_s / tick - 1e-9)
+    left_ticks = math.floor(obs.time_left_s / tick + 1e-9)
+    return obs.remaining_run_s > 1e-9 and need_ticks >= left_ticks
 
 
 def _run_zone(obs: AllocationObservation) -> str:
     return obs.zone if obs.zone is not None else obs.home_zone
+
+
+def _spot(obs: AllocationObservation, reason: str) -> AllocationAction:
+    """Spot in the home zone (kept as is when already held there)."""
+    n = obs.node_count
+    if obs.spot_nodes == n and obs.zone == obs.home_zone:
+        return _keep(obs, reason)
+    return AllocationAction(obs.home_zone, n, 0, None, reason)
+
+
+def _on_demand(obs: AllocationObservation, reason: str) -> AllocationAction:
+    """On-demand to the end, where the job runs now (kept as is when already held)."""
+    n = obs.node_count
+    if obs.on_demand_nodes == n:
+        return _keep(obs, reason)
+    return AllocationAction(
+        _run_zone(obs), 0, n, None, reason,
+        {"time_left_s": obs.time_left_s, "on_demand_finish_s": on_demand_finish_s(obs)},
+    )
 
 
 def _keep(obs: AllocationObservation, reason: str) -> AllocationAction:
@@ -124,35 +151,35 @@ class ManagedSpotPolicy:
 
 
 class GreedySpotPolicy:
-    """Greedy: spot whenever the home zone has it, idle otherwise, and on-demand to the end once
-    the deadline forces it (the "Greedy" baseline of Can't Be Late, Wu et al., NSDI'24, sec. 3).
+    """Greedy, the "strawman" baseline of Can't Be Late (Wu et al., NSDI'24, sec. 3), rule for rule
+    as the published simulator runs it (Michaelvll/skypilot-spot-strategy `strawman.py`, under the
+    artifact's base-class guarantee):
 
-    "Forced" means: if the job waited one more tick off on-demand (and lost what a preemption
-    costs), on-demand launched then could no longer finish in time.
+    1. spot in the home zone whenever it is available, idle otherwise;
+    2. at the safety point (`at_safety_point`: the remaining run plus one changeover, rounded up
+       to whole ticks, no longer fits the whole ticks left), a running spot node that is past its
+       changeover is kept until it is preempted; anything else goes to on-demand to the end.
 
-    Events: spot -> preempted -> idle (no spot, slack left) -> spot back -> spot -> ...
-    -> slack runs out -> on-demand until done.
+    Events: spot -> preempted -> idle -> spot back -> spot -> ... -> safety point on spot: ride
+    it -> preempted -> on-demand until done.
+
+    Changed from the project's first greedy (wave 2, issue 9): that one left a running spot node
+    for on-demand at the safety point; the published one rides spot until preempted.
     """
 
     name = "greedy_spot"
 
     def act(self, obs: AllocationObservation) -> AllocationAction:
         n = obs.node_count
-        if obs.on_demand_nodes == n:
-            return _keep(obs, "greedy: on-demand to the end")
-        if deadline_forces_on_demand(obs):
-            return AllocationAction(
-                _run_zone(obs),
-                0,
-                n,
-                None,
-                "greedy: the deadline forces on-demand",
-                {"time_left_s": obs.time_left_s, "on_demand_finish_s": on_demand_finish_s(obs)},
-            )
-        if obs.spot_nodes == n:
-            return _keep(obs, "greedy: keep spot")
-        if obs.spot_available(obs.home_zone) >= n:
-            return AllocationAction(obs.home_zone, n, 0, None, "greedy: spot is available")
+        spot_here = obs.spot_available(obs.home_zone) >= n
+        if at_safety_point(obs, changeovers=1):
+            if obs.spot_nodes == n and not obs.in_changeover:
+                return _keep(obs, "greedy: safety point, keep spot until preempted")
+            if obs.changeover_s == 0 and spot_here:
+                return _spot(obs, "greedy: safety point, spot costs no changeover")
+            return _on_demand(obs, "greedy: safety point, on-demand to the end")
+        if spot_here:
+            return _spot(obs, "greedy: spot is available")
         return AllocationAction.release("greedy: no spot, slack left: wait")
 
 
@@ -186,63 +213,57 @@ class SkyPilotFailoverPolicy:
 
 
 class UniformProgressPolicy:
-    """Uniform Progress, the Can't Be Late policy (Wu et al., "Can't Be Late: Optimizing Spot
-    Instance Savings under Deadlines", NSDI'24), from the paper's four rules, in the home zone:
+    """Uniform Progress, the Can't Be Late policy (Wu et al., NSDI'24), rule for rule as the
+    published simulator runs it (`rc_cr_threshold`), in the home zone. With the progress line
+    ep(t) = work_total * t / deadline and d one changeover:
 
-    1. when idle and behind the uniform-progress line (work_total * t / deadline), launch
-       on-demand to catch up;
-    2. take spot whenever it is available (and keep it while it lasts);
-    3. once on on-demand, stay until progress is ahead of where the line will be two changeover
-       delays later (hysteresis against thrashing);
-    4. safety net: when the time left is less than the remaining work plus two changeovers, stay
-       on on-demand to the end. The simulator decides once per tick and a preemption can cost a
-       notice save, so the net is widened to `deadline_forces_on_demand` when that is larger.
+    1. idle or on spot, spot available: spot (taking risks; a running spot node is kept);
+    2. behind the line (cp(t) < ep(t)) and no spot: on-demand to catch up;
+    3. on on-demand: keep it while spot is down (whatever the line says), and while
+       cp(t) < ep(t + 2d) (hysteresis); leave for spot only when spot is up and cp >= ep(t + 2d);
+    4. safety net, idle or on on-demand: the remaining run plus two changeovers, rounded up to
+       whole ticks, no longer fits the whole ticks left: on-demand to the end;
+    5. at greedy's safety point (one changeover): a running spot node past its changeover rides
+       spot until preempted, anything else goes to on-demand.
 
-    Events: spot -> preempted -> idle (ahead of the line) -> behind the line: on-demand ->
-    ahead by 2 changeovers and spot available: spot -> ... -> safety net: on-demand to the end.
+    Events: spot -> preempted -> idle (ahead of the line) -> behind: on-demand -> spot up and
+    ahead by 2d: spot -> ... -> safety net: on-demand to the end.
+
+    Changed from the project's first version (wave 2, issue 9): on on-demand, ahead of the line,
+    with spot down, that one released the node and waited; the published one keeps on-demand.
     """
 
     name = "uniform_progress"
 
     def act(self, obs: AllocationObservation) -> AllocationAction:
         n = obs.node_count
-        finish_s = on_demand_finish_s(obs)
-        # The paper's 2 changeovers (one is in finish_s), or greedy's one-tick test if larger.
-        safety = obs.time_left_s < finish_s + max(obs.changeover_s, spot_risk_s(obs))
-        if safety:
-            if obs.on_demand_nodes == n:
-                return _keep(obs, "uniform progress: safety net, on-demand to the end")
-            return AllocationAction(
-                _run_zone(obs),
-                0,
-                n,
-                None,
-                "uniform progress: safety net, on-demand to the end",
-                {"time_left_s": obs.time_left_s, "on_demand_finish_s": finish_s},
-            )
-        line_h = obs.work_total_h * obs.time_s / obs.deadline_s
         spot_here = obs.spot_available(obs.home_zone) >= n
-        if obs.on_demand_nodes == n:
-            ahead_h = obs.work_total_h * (obs.time_s + 2 * obs.changeover_s) / obs.deadline_s
-            if obs.work_done_h < ahead_h:
+        on_demand_now = obs.on_demand_nodes == n
+        on_spot_now = obs.spot_nodes == n
+        if at_safety_point(obs, changeovers=1):
+            if on_spot_now and not obs.in_changeover:
+                return _keep(obs, "uniform progress: safety point, keep spot until preempted")
+            if obs.changeover_s == 0 and spot_here:
+                return _spot(obs, "uniform progress: safety point, spot costs no changeover")
+            return _on_demand(obs, "uniform progress: safety net, on-demand to the end")
+        if not on_spot_now and at_safety_point(obs, changeovers=2):
+            return _on_demand(obs, "uniform progress: safety net, on-demand to the end")
+        rate_per_s = obs.work_total_h / obs.deadline_s
+        if on_demand_now:
+            ahead_h = rate_per_s * (obs.time_s + 2 * obs.changeover_s)
+            if not spot_here:
+                return _keep(obs, "uniform progress: on-demand while spot is down")
+            # Published: leave only when strictly ahead (cp(t) > ep(t + 2d)); equality happens
+            # on whole ticks, so compare with a tolerance far below one second of work.
+            if obs.work_done_h <= ahead_h + 1e-9:
                 return _keep(obs, "uniform progress: on-demand until ahead by two changeovers")
-            if spot_here:
-                return AllocationAction(
-                    obs.home_zone, n, 0, None, "uniform progress: ahead again, back to spot"
-                )
-            return AllocationAction.release("uniform progress: ahead again, no spot: wait")
-        if obs.spot_nodes == n:
-            return _keep(obs, "uniform progress: keep spot")
+            return _spot(obs, "uniform progress: ahead by two changeovers, back to spot")
         if spot_here:
-            return AllocationAction(
-                obs.home_zone, n, 0, None, "uniform progress: spot is available"
-            )
+            return _spot(obs, "uniform progress: spot is available")
+        line_h = rate_per_s * obs.time_s
         if obs.work_done_h < line_h:
             return AllocationAction(
-                obs.home_zone,
-                0,
-                n,
-                None,
+                obs.home_zone, 0, n, None,
                 "uniform progress: behind the line, on-demand to catch up",
                 {"work_done_h": obs.work_done_h, "line_h": line_h},
             )

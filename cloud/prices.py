@@ -11,6 +11,11 @@ Spot prices come from one of two stated sources, never from a guess:
   0.9731 USD/h for p3.2xlarge against 3.06 USD/h on-demand (Wu et al., NSDI'24);
 - the AWS Spot Instance Advisor feed in `spot/prices/spot-advisor-2025-06.json`: per region and
   type, `s` is the saving vs on-demand in percent and `r` indexes the interruption-frequency band.
+
+A trace collection may instead state its prices in its `collection.toml`
+(`on_demand_usd_per_hour`, `spot_usd_per_hour`, per file or for the whole collection; see
+`cloud/collections.py`): that is how another cloud or an unlisted instance type is priced.
+`node_prices` applies that order and names the file and the fix when a price is missing.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from cloud.traces import region_of_zone
+from cloud.collections import COLLECTION_FILE, read_collection, region_of_zone
 
 PRICE_TABLE_DATE = "2025-06"
 
@@ -76,14 +81,21 @@ ON_DEMAND_USD_PER_HOUR: dict[tuple[str, str], float] = {
     for region in _US_REGIONS
 }
 
-# Node shape in a trace file name -> the instance type it was recorded on (spot-traces README:
-# V100 traces on p3, K80 traces on p2; "_8" means the 8-GPU size).
+# Legacy node-shape labels of the shipped traces ("v100_1" ...), which older file names carried
+# and risk-model history names still use. Only `instance_for_trace`'s fallback for a folder that
+# is absent (the labelled synthetic stand-in of the emulated cloud) reads a file name with it.
 TRACE_SHAPE_INSTANCE: dict[str, str] = {
     "v100_1": "p3.2xlarge",
     "v100_8": "p3.16xlarge",
     "k80_1": "p2.xlarge",
     "k80_8": "p2.8xlarge",
 }
+
+
+def node_shape_of(instance_type_name: str) -> str:
+    """'p3.2xlarge' -> 'v100_1' (GPU model and count) for listed types; else the type's name."""
+    known = INSTANCE_TYPES.get(instance_type_name)
+    return f"{known.gpu_model.lower()}_{known.gpus}" if known else instance_type_name
 
 
 def instance_type(name: str) -> InstanceType:
@@ -180,18 +192,94 @@ def interruption_band(instance_type_name: str, region: str, path: str | Path | N
     return spot_advisor(instance_type_name, region, path).interruption_band
 
 
-def instance_for_trace(folder: str, zone_file: str) -> str:
-    """Instance type a trace file was recorded on ('us-west-2a_k80_8.json' -> 'p2.8xlarge').
+@dataclass(frozen=True)
+class NodePrices:
+    """USD per node-hour of one trace file's node type, and where each price came from."""
 
-    `folder` is checked only for the known folders' naming; the shape in the file name decides.
+    on_demand_usd_per_hour: float
+    spot_usd_per_hour: float
+    on_demand_source: str
+    spot_source: str
+
+
+def node_prices(
+    instance_type_name: str,
+    region: str,
+    provider: str,
+    on_demand_usd_per_hour: float | None = None,
+    spot_usd_per_hour: float | None = None,
+    where: str = "",
+    advisor_path: str | Path | None = None,
+    file_name: str = "NAME",
+) -> NodePrices:
+    """Prices stated in collection.toml first; else (AWS only) the list price and the Spot
+    Advisor's saving for the region. `where` names the trace file in errors."""
+    fix = (
+        f"add on_demand_usd_per_hour = ... and spot_usd_per_hour = ... (USD per node-hour) to "
+        f"its [files.\"{file_name}\"] table or to the top of {COLLECTION_FILE}"
+    )
+    if on_demand_usd_per_hour is not None:
+        on_demand, on_demand_source = on_demand_usd_per_hour, COLLECTION_FILE
+    elif provider != "aws":
+        raise ValueError(
+            f"no on-demand price for {where or instance_type_name}: the price list holds AWS "
+            f"list prices only and the provider is {provider!r}; {fix}"
+        )
+    else:
+        try:
+            on_demand = on_demand_price(instance_type_name, region)
+        except ValueError as error:
+            raise ValueError(f"no on-demand price for {where or instance_type_name}: {error}; "
+                             f"or {fix}") from None
+        on_demand_source = f"AWS list price {PRICE_TABLE_DATE}"
+    if spot_usd_per_hour is not None:
+        return NodePrices(on_demand, spot_usd_per_hour, on_demand_source, COLLECTION_FILE)
+    if provider != "aws":
+        raise ValueError(
+            f"no spot price for {where or instance_type_name}: the Spot Advisor covers AWS "
+            f"only and the provider is {provider!r}; {fix}"
+        )
+    try:
+        entry = spot_advisor(instance_type_name, region, advisor_path)
+    except (FileNotFoundError, ValueError) as error:
+        raise ValueError(f"no spot price for {where or instance_type_name}: {error}; "
+                         f"or {fix}") from None
+    return NodePrices(
+        on_demand,
+        spot_price_from_discount(on_demand, entry.saving_percent / 100.0),
+        on_demand_source,
+        f"Spot Advisor {PRICE_TABLE_DATE} saving ({entry.saving_percent}%)",
+    )
+
+
+def instance_for_trace(folder: str, zone_file: str, spot_dir: str | Path | None = None) -> str:
+    """Instance type a trace file was recorded on, as its folder's collection.toml says.
+
+    Only when the folder is absent (a bare clone: the emulated cloud then replays a labelled
+    synthetic stand-in) is the legacy shape in the file name read ('us-west-2a_k80_8.json' ->
+    'p2.8xlarge').
     """
+    if spot_dir is None:
+        from trainwise import settings
+
+        spot_dir = settings.data_dir() / "spot"
     name = Path(zone_file).name
-    stem = name.removesuffix(".json")
-    parts = stem.split("_", 1)
+    path = Path(spot_dir) / folder
+    if path.is_dir():
+        files = read_collection(path).files
+        if name not in files:
+            raise ValueError(
+                f"trace file {name!r} is not described in {path / COLLECTION_FILE}; add a "
+                f'[files."{name}"] table (zone, instance_type); described: '
+                f"{', '.join(sorted(files))}"
+            )
+        return files[name].instance_type
+    parts = name.removesuffix(".json").split("_", 1)
     if len(parts) != 2 or parts[1] not in TRACE_SHAPE_INSTANCE:
         raise ValueError(
-            f"trace file {zone_file!r} in {folder!r} has no known node shape; valid "
-            f"shapes: {', '.join(sorted(TRACE_SHAPE_INSTANCE))}"
+            f"trace folder {path} does not exist and {zone_file!r} has no known legacy node "
+            f"shape ({', '.join(sorted(TRACE_SHAPE_INSTANCE))}); point TRAINWISE_DATA_DIR at "
+            "the data or use a folder with a collection.toml"
         )
     region_of_zone(parts[0])  # validates the zone part of the name
     return TRACE_SHAPE_INSTANCE[parts[1]]

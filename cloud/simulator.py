@@ -17,7 +17,10 @@ The world, tick by tick (a tick is the trace's `gap_seconds`):
    the old set. A new set trains only after `changeover_s` (launch + restore), billed.
 5. Training: the full gang progresses at `node_count * gpus_per_node / step_slowdown` GPU-hours
    per hour (the slowest rank sets the step time, `cloud/stragglers.py`), pausing
-   `checkpoint_save_s` every `checkpoint_interval_s` of training. Billing is per second held.
+   `checkpoint_save_s` every `checkpoint_interval_s` of training. Billing is per second held;
+   every tick held is billed whole (the tick before a preemption too, and its work counts), and
+   the tick in which the work finishes is billed up to the finish, or whole with
+   `ClusterRules.bill_finishing_tick_whole` (the Can't Be Late convention).
 
 A job is its work (GPU-hours at the reference throughput), its deadline and its node count.
 Work left at the deadline is finished afterwards on on-demand nodes (one changeover plus the
@@ -77,6 +80,9 @@ class ClusterRules:
     checkpoint_on_notice: bool = True
     # Mean slowest-rank inflation of a step (1.0 = no stragglers); see StragglerSampler.
     step_slowdown: float = 1.0
+    # Bill the tick in which the work finishes whole (the published Can't Be Late simulator)
+    # instead of only its seconds up to the finish (per-second billing, the default).
+    bill_finishing_tick_whole: bool = False
 
     def __post_init__(self) -> None:
         for name in ("changeover_s", "checkpoint_save_s", "notice_s"):
@@ -510,7 +516,8 @@ def simulate(
                 left -= used
                 checkpoint_node_s += used * n_nodes
         last_prod = prod
-        billed = tick - left if finish_s is not None else tick
+        partial = finish_s is not None and not rules.bill_finishing_tick_whole
+        billed = tick - left if partial else tick
         cost += price_per_s * billed
         spot_node_s += billed * spot
         od_node_s += billed * od

@@ -1,40 +1,51 @@
-"""Spot markets replayed from real traces (skypilot-org/spot-traces; NSDI'24 "Can't Be Late" data).
+"""Spot markets replayed from recorded traces (skypilot-org/spot-traces, NSDI'24 "Can't Be Late"
+data, or any collection a user brings).
 
 Each trace file is JSON `{"metadata": {"gap_seconds": N}, "data": [int, ...]}`: one integer per
-tick, the tick being `gap_seconds` long. What an integer means is NOT the same across the
-ecosystem: the traces' README says "number of available instances", while simulators from the
-same group read 1 as "preempted" (see `shared/data/spot/SEMANTICS.md`). So the meaning is an
-explicit setting per data set (`TraceMeaning`), and `FOLDER_MEANING` pins it for every folder we
-ship; tests pin it again. Reading a 90%-available zone as 10%-available would silently flip every
-savings figure.
+tick. What the folder holds is stated in its `collection.toml` (`cloud/collections.py`): provider,
+value meaning, nodes per file, and per file its zone, region, instance type, tick, start time and
+prices when known. File and folder names are not parsed for meaning; a folder without
+collection.toml is refused with an example of one.
 
-The file name gives the zone and the node shape: `us-west-2a_v100_8.json` is zone us-west-2a,
-nodes with 8 V100s. Folder names carry the cluster size (`1node`, `4node`): the largest value a
-tick can take.
+What an integer means is NOT the same across the ecosystem: the traces' README says "number of
+available instances", while simulators from the same group read 1 as "preempted" (see
+`shared/data/spot/SEMANTICS.md`). So the meaning is stated per collection, and `FOLDER_MEANING`
+pins it again for every folder we ship: a collection.toml that disagrees is refused. Reading a
+90%-available zone as 10%-available would silently flip every savings figure.
+
+A collection recording N-node clusters (`nodes_per_file = N`) loads as an N-node market, values
+0..N, as recorded. Zones of one instance type are aligned by their real start time when the
+collection gives one for every file; otherwise they are paired by tick index from each file's
+first tick, and every loaded trace says so in `alignment`.
 """
 
 from __future__ import annotations
 
-import enum
 import json
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from cloud import prices
+from cloud.collections import (
+    COLLECTION_FILE,
+    CollectionError,
+    CollectionMeta,
+    TraceMeaning,
+    read_collection,
+    region_of_zone,
+)
 
-class TraceMeaning(enum.Enum):
-    """How to read one integer of a trace."""
-
-    # The value is the number of spot instances available (running) at that tick.
-    AVAILABLE = "available"
-    # The value is the number of instances preempted (not available) at that tick.
-    PREEMPTED = "preempted"
-
+__all__ = [
+    "ALIGNED_BY_START_TIME", "ALIGNED_AT_TICK_0", "FOLDER_MEANING", "MAX_TRACE_BYTES",
+    "CollectionError", "SpotTrace", "TraceCollection", "TraceMeaning", "align_by_start_time",
+    "default_spot_dir", "group_by_shape", "load_collection", "load_folder", "load_trace",
+    "read_trace_values", "region_of_zone", "scaled_availability", "window_of",
+]
 
 # Checked value for value against the raw collections (spot/SEMANTICS.md): all four folders count
-# available instances.
+# available instances. Their collection.toml must say the same.
 FOLDER_MEANING: dict[str, TraceMeaning] = {
     "availability-1node-aws-2023-02": TraceMeaning.AVAILABLE,
     "availability-1node-aws-2022-10": TraceMeaning.AVAILABLE,
@@ -42,8 +53,13 @@ FOLDER_MEANING: dict[str, TraceMeaning] = {
     "preemption-4node-aws-2023-08": TraceMeaning.AVAILABLE,
 }
 
-_FILE_NAME = re.compile(r"^(?P<zone>[a-z]{2}-[a-z]+-\d[a-z])_(?P<shape>[a-z0-9]+_\d+)\.json$")
-_NODES_IN_FOLDER = re.compile(r"(\d+)node")
+# The shipped files are ~100 KB; a trace this large is refused before it is read.
+MAX_TRACE_BYTES = 64 << 20
+
+ALIGNED_BY_START_TIME = "start_time"
+ALIGNED_AT_TICK_0 = (
+    "tick_0: start times unknown, zones paired by tick index from each file's first tick"
+)
 
 
 @dataclass(frozen=True)
@@ -52,19 +68,28 @@ class SpotTrace:
 
     folder: str
     zone: str
-    # GPU model and GPUs per node, as in the file name ("v100_1", "k80_8").
+    # Legacy label of the node type ("v100_1" for p3.2xlarge; the instance type when unlisted).
     node_shape: str
     tick_s: int
-    # Largest number of nodes a tick can report (the traced cluster size).
+    # Largest number of nodes a tick can report (the recorded cluster size, nodes_per_file).
     capacity_nodes: int
     available: np.ndarray
     source_path: str
-    # Spot price recorded alongside the trace, when the file has one (constant in these files).
+    # Spot price recorded in the trace file itself, when it has one (constant in these files).
     recorded_spot_price_usd_per_hour: float | None = None
-
-    @property
-    def region(self) -> str:
-        return region_of_zone(self.zone)
+    region: str = ""
+    instance_type: str = ""
+    gpus_per_node: int = 1
+    provider: str = ""
+    # Epoch seconds (UTC) of available[0], when the collection gives start times.
+    start_time_s: float | None = None
+    alignment: str = ALIGNED_AT_TICK_0
+    # Ticks cut from the file's start to align it with the other zones of its type.
+    offset_ticks: int = 0
+    on_demand_usd_per_hour: float = 0.0
+    spot_usd_per_hour: float = 0.0
+    on_demand_price_source: str = ""
+    spot_price_source: str = ""
 
     @property
     def n_ticks(self) -> int:
@@ -74,16 +99,30 @@ class SpotTrace:
     def duration_s(self) -> int:
         return self.n_ticks * self.tick_s
 
+    @property
+    def prices_from_collection(self) -> bool:
+        """Both prices were stated in collection.toml (not looked up)."""
+        return self.on_demand_price_source == self.spot_price_source == COLLECTION_FILE
+
     def window(self, start_tick: int, n_ticks: int) -> np.ndarray:
         """Availability for ticks [start_tick, start_tick + n_ticks); errors name valid starts."""
         return window_of(self.available, start_tick, n_ticks, what=f"trace {self.source_path}")
 
 
-def region_of_zone(zone: str) -> str:
-    """'us-west-2a' -> 'us-west-2' (AWS zone names are the region plus one letter)."""
-    if len(zone) < 2 or not zone[-1].isalpha() or not zone[-2].isdigit():
-        raise ValueError(f"zone {zone!r} is not an AWS zone name like 'us-west-2a'")
-    return zone[:-1]
+@dataclass(frozen=True)
+class TraceCollection:
+    """A loaded folder: its metadata and its traces, aligned per instance type."""
+
+    meta: CollectionMeta
+    traces: tuple[SpotTrace, ...]
+
+    @property
+    def nodes_per_file(self) -> int:
+        return self.meta.nodes_per_file
+
+    @property
+    def alignment(self) -> str:
+        return ALIGNED_BY_START_TIME if self.meta.start_times_known else ALIGNED_AT_TICK_0
 
 
 def window_of(values: np.ndarray, start_tick: int, n_ticks: int, what: str) -> np.ndarray:
@@ -109,83 +148,191 @@ def default_spot_dir() -> Path:
     return settings.data_dir() / "spot"
 
 
-def capacity_from_folder(folder: str) -> int:
-    """Cluster size from a folder name ('preemption-4node-aws-2023-08' -> 4)."""
-    match = _NODES_IN_FOLDER.search(folder)
-    if match is None:
-        raise ValueError(
-            f"folder {folder!r} does not say its cluster size ('<N>node'); pass capacity_nodes="
-        )
-    return int(match.group(1))
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number")
 
 
-def load_trace(
-    path: str | Path, meaning: TraceMeaning, capacity_nodes: int | None = None
-) -> SpotTrace:
-    """Read one trace file; `meaning` is required because the files do not say it themselves.
+def read_trace_values(path: str | Path) -> tuple[int | None, np.ndarray, float | None]:
+    """(gap_seconds or None, the values, the mean recorded spot price or None) of one file.
 
-    With `TraceMeaning.PREEMPTED`, the value v becomes `capacity_nodes - v` available nodes.
+    Data only: JSON parsed by the standard library, size-capped, no code run; errors name the
+    file. Values are not interpreted here (see `load_trace`).
     """
     path = Path(path)
-    if not isinstance(meaning, TraceMeaning):
-        raise TypeError(
-            f"meaning must be a TraceMeaning ({[m.value for m in TraceMeaning]}), got {meaning!r}"
-        )
-    match = _FILE_NAME.match(path.name)
-    if match is None:
-        raise ValueError(
-            f"trace file name {path.name!r} is not '<zone>_<gpu>_<n>.json', "
-            "e.g. 'us-west-2a_v100_1.json'"
-        )
-    folder = path.parent.name
-    capacity = capacity_nodes if capacity_nodes is not None else capacity_from_folder(folder)
-    if capacity < 1:
-        raise ValueError(f"capacity_nodes={capacity} must be at least 1")
     try:
-        raw = json.loads(path.read_text())
+        size = path.stat().st_size
     except FileNotFoundError:
         raise FileNotFoundError(f"spot trace {path} does not exist; check TRAINWISE_DATA_DIR") from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"spot trace {path} is not valid JSON: {error}") from error
-    gap = (raw.get("metadata") or {}).get("gap_seconds") if isinstance(raw, dict) else None
-    if gap is None:
-        raise ValueError(
-            f"spot trace {path} has no metadata.gap_seconds: the tick length is "
-            "required (seconds per value)"
-        )
-    if not isinstance(gap, int) or isinstance(gap, bool) or gap <= 0:
+    if size > MAX_TRACE_BYTES:
+        raise ValueError(f"spot trace {path} is {size} bytes, over the {MAX_TRACE_BYTES}-byte "
+                         "limit; split it into files of one zone each")
+    try:
+        raw = json.loads(path.read_bytes().decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as error:
+        reason = "nested too deeply" if isinstance(error, RecursionError) else str(error)[:200]
+        raise ValueError(f"spot trace {path} is not valid trace JSON: {reason}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f'spot trace {path} must be a JSON object {{"metadata": ..., "data": ...}}')
+    metadata = raw.get("metadata")
+    gap = metadata.get("gap_seconds") if isinstance(metadata, dict) else None
+    if gap is not None and (not isinstance(gap, int) or isinstance(gap, bool) or gap <= 0):
         raise ValueError(f"spot trace {path}: gap_seconds={gap!r} must be a positive integer")
     data = raw.get("data")
     if not isinstance(data, list) or len(data) == 0:
         raise ValueError(f"spot trace {path} has no data: 'data' must be a non-empty list of ints")
-    values = np.asarray(data)
-    if values.dtype.kind not in "iu":
-        raise ValueError(f"spot trace {path}: data must be integers, got dtype {values.dtype}")
-    if values.min() < 0:
-        bad = int(np.argmax(values < 0))
+    try:
+        values = np.asarray(data)
+    except ValueError as error:
+        raise ValueError(f"spot trace {path}: data must be a flat list of integers") from error
+    if values.dtype.kind not in "iu" or values.ndim != 1:
         raise ValueError(
-            f"spot trace {path}: negative value {int(values[bad])} at tick {bad}; "
-            "values are instance counts (0 or more)"
+            f"spot trace {path}: data must be a flat list of integers, got dtype {values.dtype} "
+            f"with {values.ndim} dimensions"
         )
-    if values.max() > capacity:
-        bad = int(np.argmax(values > capacity))
+    prices_raw = raw.get("prices")
+    recorded = None
+    if isinstance(prices_raw, list) and prices_raw:
+        numbers = [p for p in prices_raw if isinstance(p, (int, float)) and not isinstance(p, bool)]
+        recorded = float(np.mean(numbers)) if len(numbers) == len(prices_raw) else None
+    return gap, values, recorded
+
+
+def load_trace(
+    path: str | Path,
+    meaning: TraceMeaning | None = None,
+    capacity_nodes: int | None = None,
+    collection: CollectionMeta | None = None,
+) -> SpotTrace:
+    """Read one trace file with what its folder's collection.toml says about it.
+
+    `meaning` and `capacity_nodes`, when given, must agree with the collection (they are checks,
+    kept for callers that pinned them). With `preempted_count`, a value v becomes
+    `nodes_per_file - v` available nodes.
+    """
+    path = Path(path)
+    if meaning is not None and not isinstance(meaning, TraceMeaning):
+        raise TypeError(
+            f"meaning must be a TraceMeaning ({[m.value for m in TraceMeaning]}), got {meaning!r}"
+        )
+    gap, values, recorded = read_trace_values(path)
+    meta = collection if collection is not None else read_collection(path.parent)
+    where = f"spot trace {path}"
+    if meaning is not None and meaning is not meta.meaning:
         raise ValueError(
-            f"spot trace {path}: value {int(values[bad])} at tick {bad} exceeds the "
-            f"cluster size {capacity}; pass the right capacity_nodes"
+            f"{where}: the caller reads values as {meaning.value} but {meta.path} says "
+            f"{meta.meaning.value}; fix whichever is wrong (spot/SEMANTICS.md)"
         )
-    available = values if meaning is TraceMeaning.AVAILABLE else capacity - values
-    prices = raw.get("prices")
-    recorded_price = float(np.mean(prices)) if isinstance(prices, list) and prices else None
+    info = meta.files.get(path.name)
+    if info is None:
+        raise CollectionError(
+            f"{where} is not described in {meta.path}; add a [files.\"{path.name}\"] table with "
+            "zone and instance_type (see cloud/collections.py)"
+        )
+    capacity = info.nodes
+    if capacity_nodes is not None and capacity_nodes != capacity:
+        raise ValueError(f"{where}: capacity_nodes={capacity_nodes} but {meta.path} says "
+                         f"nodes_per_file = {capacity}")
+    tick_s = _tick_s(where, meta, info.tick_s, gap)
+    if info.ticks is not None and info.ticks != values.shape[0]:
+        raise ValueError(f"{where} holds {values.shape[0]} ticks but {meta.path} says ticks = "
+                         f"{info.ticks}; fix the metadata or the file")
+    _check_counts(where, values, capacity)
+    available = values if meta.meaning is TraceMeaning.AVAILABLE else capacity - values
+    gpus = info.gpus_per_node
+    if gpus is None:
+        if info.instance_type not in prices.INSTANCE_TYPES:
+            raise CollectionError(
+                f'{where}: instance type {info.instance_type!r} is not in cloud/prices.py; add '
+                f'gpus_per_node = N to its [files."{path.name}"] table in {meta.path}'
+            )
+        gpus = prices.INSTANCE_TYPES[info.instance_type].gpus
+    node_prices = prices.node_prices(
+        info.instance_type, info.region, meta.provider, info.on_demand_usd_per_hour,
+        info.spot_usd_per_hour, where=f"{where} ({info.instance_type} in {info.region})",
+        file_name=path.name,
+    )
     return SpotTrace(
-        folder=folder,
-        zone=match.group("zone"),
-        node_shape=match.group("shape"),
-        tick_s=gap,
+        folder=meta.folder,
+        zone=info.zone,
+        node_shape=prices.node_shape_of(info.instance_type),
+        tick_s=tick_s,
         capacity_nodes=capacity,
         available=available.astype(np.int64),
         source_path=str(path),
-        recorded_spot_price_usd_per_hour=recorded_price,
+        recorded_spot_price_usd_per_hour=recorded,
+        region=info.region,
+        instance_type=info.instance_type,
+        gpus_per_node=gpus,
+        provider=meta.provider,
+        start_time_s=info.start_time_s,
+        alignment=ALIGNED_BY_START_TIME if meta.start_times_known else ALIGNED_AT_TICK_0,
+        on_demand_usd_per_hour=node_prices.on_demand_usd_per_hour,
+        spot_usd_per_hour=node_prices.spot_usd_per_hour,
+        on_demand_price_source=node_prices.on_demand_source,
+        spot_price_source=node_prices.spot_source,
     )
+
+
+def _tick_s(where: str, meta: CollectionMeta, stated: int | None, gap: int | None) -> int:
+    if stated is not None and gap is not None and stated != gap:
+        raise ValueError(f"{where}: metadata.gap_seconds = {gap} but {meta.path} says "
+                         f"tick_seconds = {stated}; fix whichever is wrong")
+    tick_s = stated if stated is not None else gap
+    if tick_s is None:
+        raise ValueError(f"{where} has no metadata.gap_seconds and {meta.path} no tick_seconds: "
+                         "the tick length (seconds per value) is required; add tick_seconds = N")
+    return tick_s
+
+
+def _check_counts(where: str, values: np.ndarray, capacity: int) -> None:
+    if values.min() < 0:
+        bad = int(np.argmax(values < 0))
+        raise ValueError(f"{where}: negative value {int(values[bad])} at tick {bad}; values are "
+                         "instance counts (0 or more)")
+    if values.max() > capacity:
+        bad = int(np.argmax(values > capacity))
+        raise ValueError(
+            f"{where}: value {int(values[bad])} at tick {bad} exceeds the cluster size "
+            f"{capacity}; set nodes_per_file in collection.toml to the recorded cluster size"
+        )
+
+
+def load_collection(
+    folder: str, spot_dir: str | Path | None = None, meaning: TraceMeaning | None = None
+) -> TraceCollection:
+    """Every trace of `spot_dir/folder`, as its collection.toml describes, aligned per instance
+    type, sorted by (node shape, zone). `meaning`, when given, must agree with the collection."""
+    base = Path(spot_dir) if spot_dir is not None else default_spot_dir()
+    path = base / folder
+    if not path.is_dir():
+        known = sorted(p.parent.name for p in base.glob(f"*/{COLLECTION_FILE}"))
+        raise FileNotFoundError(
+            f"trace folder {path} does not exist; folders with a {COLLECTION_FILE} under "
+            f"{base}: {', '.join(known) or 'none'}"
+        )
+    meta = read_collection(path)
+    pinned = FOLDER_MEANING.get(folder)
+    if pinned is not None and pinned is not meta.meaning:
+        raise CollectionError(
+            f"{meta.path} reads values as {meta.meaning.value}, but this folder was checked value "
+            f"for value to count {pinned.value} nodes (spot/SEMANTICS.md); fix value_meaning"
+        )
+    on_disk = {p.name for p in path.glob("*.json")}
+    unlisted = sorted(on_disk - meta.files.keys())
+    if unlisted:
+        raise CollectionError(
+            f"{path} holds {', '.join(unlisted[:5])} with no [files.\"NAME\"] table in "
+            f"{meta.path}; describe each trace file there or move it out"
+        )
+    absent = sorted(meta.files.keys() - on_disk)
+    if absent:
+        raise CollectionError(f"{meta.path} describes {', '.join(absent[:5])}, which {path} does "
+                              "not hold; remove the table or add the file")
+    raw = [load_trace(path / name, meaning, collection=meta) for name in sorted(meta.files)]
+    traces: list[SpotTrace] = []
+    for group in group_by_shape(raw).values():
+        traces += align_by_start_time(group) if meta.start_times_known else group
+    return TraceCollection(meta, tuple(sorted(traces, key=lambda t: (t.node_shape, t.zone))))
 
 
 def load_folder(
@@ -193,29 +340,45 @@ def load_folder(
     spot_dir: str | Path | None = None,
     meaning: TraceMeaning | None = None,
 ) -> list[SpotTrace]:
-    """All traces of one folder, sorted by (node shape, zone).
+    """All traces of one folder (`load_collection(...).traces`), sorted by (node shape, zone)."""
+    return list(load_collection(folder, spot_dir, meaning).traces)
 
-    `meaning` defaults to the pinned `FOLDER_MEANING[folder]`; a folder not in that table must say
-    its meaning explicitly.
+
+def align_by_start_time(traces: list[SpotTrace]) -> list[SpotTrace]:
+    """The traces cut to the span they all cover, so tick i is the same instant in every zone.
+
+    Offsets are rounded to whole ticks (a recording's clock need not fall on the others' grid).
     """
-    base = Path(spot_dir) if spot_dir is not None else default_spot_dir()
-    if meaning is None:
-        if folder not in FOLDER_MEANING:
-            raise ValueError(
-                f"trace folder {folder!r} has no pinned meaning; pass meaning= "
-                f"explicitly or use one of: {', '.join(sorted(FOLDER_MEANING))}"
-            )
-        meaning = FOLDER_MEANING[folder]
-    path = base / folder
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"trace folder {path} does not exist; known folders: "
-            f"{', '.join(sorted(FOLDER_MEANING))} under {base}"
-        )
-    traces = [load_trace(p, meaning) for p in sorted(path.glob("*.json"))]
     if not traces:
-        raise ValueError(f"trace folder {path} holds no *.json traces")
-    return sorted(traces, key=lambda t: (t.node_shape, t.zone))
+        return []
+    missing = [t.source_path for t in traces if t.start_time_s is None]
+    if missing:
+        raise ValueError(f"cannot align by start time: no start_time for {', '.join(missing)}")
+    ticks = {t.tick_s for t in traces}
+    if len(ticks) != 1:
+        raise ValueError(
+            f"zones of {traces[0].instance_type} in {traces[0].folder} have different ticks "
+            f"({sorted(ticks)} s); a market needs one tick: resample or split the collection"
+        )
+    tick_s = ticks.pop()
+    start = max(t.start_time_s for t in traces)  # type: ignore[type-var]
+    offsets = [round((start - t.start_time_s) / tick_s) for t in traces]  # type: ignore[operator]
+    length = min(t.n_ticks - o for t, o in zip(traces, offsets, strict=True))
+    if length <= 0:
+        raise ValueError(
+            f"the zones of {traces[0].instance_type} in {traces[0].folder} never record at the "
+            "same time (no overlap between their start_time spans); check start_time"
+        )
+    return [
+        replace(
+            t,
+            available=t.available[o : o + length],
+            start_time_s=t.start_time_s + o * tick_s,  # type: ignore[operator]
+            alignment=ALIGNED_BY_START_TIME,
+            offset_ticks=o,
+        )
+        for t, o in zip(traces, offsets, strict=True)
+    ]
 
 
 def group_by_shape(traces: list[SpotTrace]) -> dict[str, list[SpotTrace]]:
@@ -227,11 +390,12 @@ def group_by_shape(traces: list[SpotTrace]) -> dict[str, list[SpotTrace]]:
 
 
 def scaled_availability(available: np.ndarray, copies: int, offset_ticks: int) -> np.ndarray:
-    """Availability of `copies` independent pools made of time-shifted copies of one trace.
+    """Availability of `copies` pools made of time-shifted copies of one trace: a SYNTHETIC
+    market, to be labelled so wherever it is reported.
 
-    How the benchmarks build a 16-node market from the 4-node trace: pool k sees the trace shifted
-    by k * offset_ticks, and the zone's availability is the sum. The result is shorter by
-    (copies - 1) * offset_ticks ticks: no wrap-around, so no artificial seams.
+    How the cost suite builds its labelled synthetic 16-node market from the 4-node trace: pool k
+    sees the trace shifted by k * offset_ticks, and the zone's availability is the sum. The result
+    is shorter by (copies - 1) * offset_ticks ticks: no wrap-around, so no artificial seams.
     """
     if copies < 1:
         raise ValueError(f"copies={copies} must be at least 1")

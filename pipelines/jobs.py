@@ -1,6 +1,10 @@
-"""Jobs: the whole chain (demo) and the training run alone (train)."""
+"""Jobs: the whole chain (demo), the training run alone (train), the curriculum refresh the
+slow-policy sensor asks for, a gated rollback, and the switch of the live-change rule."""
 
 import dagster as dg
+
+from assets.resources import StateResource
+from trainwise import slow_tick
 
 demo_job = dg.define_asset_job(
     "demo",
@@ -11,11 +15,51 @@ demo_job = dg.define_asset_job(
 train_job = dg.define_asset_job(
     "train",
     selection=dg.AssetSelection.assets("checkpoint"),
-    description="Train from the current curriculum and record cost vs eval loss.",
+    description="Train from the current (published) curriculum and record cost vs eval loss.",
 )
 
 curriculum_job = dg.define_asset_job(
     "curriculum_refresh",
     selection=dg.AssetSelection.assets("difficulty_scores", "curriculum"),
-    description="Re-score the data and rebuild the curriculum (what the slow-policy sensor asks).",
+    description="Re-score the data and propose a curriculum; published only if its gate passes "
+                "(what the slow-policy sensor asks).",
 )
+
+# The asset selection includes the blocking check, so a rollback passes the same gate as a new
+# curriculum: the restored version is proposed, checked against today's shards, then published.
+rollback_job = dg.define_asset_job(
+    "curriculum_rollback",
+    selection=dg.AssetSelection.assets("curriculum"),
+    description="Make a stored curriculum version current again (run config: ops.curriculum."
+                "config.restore_version, reason, requested_by), gated by curriculum_coverage "
+                "and recorded in the curriculum history.",
+)
+
+
+class LiveChangeRuleConfig(dg.Config):
+    """The automatic-approval rule for the slow layer's live changes of running jobs."""
+
+    auto_approve: bool
+    """On: a live change goes live once its curriculum gate passed. Off: it waits for a person."""
+    set_by: str
+    """Who switches the rule (recorded)."""
+    why: str
+    """Why (recorded)."""
+    max_rate_change: float = slow_tick.DEFAULT_MAX_AUTO_RATE_CHANGE
+    """Largest pruning-rate move approved automatically; a bigger one waits."""
+
+
+@dg.op
+def set_live_change_rule(context: dg.OpExecutionContext, config: LiveChangeRuleConfig,
+                         state: StateResource) -> None:
+    """Record the new rule (who, why, when) under the state folder."""
+    rule = slow_tick.set_live_change_rule(
+        state.path(), auto_approve=config.auto_approve, set_by=config.set_by,
+        why=config.why, max_rate_change=config.max_rate_change)
+    context.log.info(f"live-change rule now {rule}")
+
+
+@dg.job(name="live_change_rule",
+        description="Turn the automatic approval of the slow layer's live changes on or off.")
+def live_change_rule_job():
+    set_live_change_rule()

@@ -2,8 +2,14 @@
 
 On its interval it reads the live telemetry of each partition's latest run, asks the slow
 policy, and when the rate moved enough requests a re-materialization of that partition's
-curriculum (the trainer picks the new version up at a fast-tick boundary). Otherwise it says why
-it skipped. The cursor remembers the last decision per partition so a decision is requested once.
+curriculum. Otherwise it says why it skipped. The cursor remembers the last decision per
+partition so a decision is requested once.
+
+The decision is a proposal: the sensor writes nothing. The requested run builds a candidate
+curriculum carrying the live change; only when its blocking check `curriculum_coverage` passes
+is the candidate published and the new rate handed to the running job, under the recorded
+automatic-approval rule (`trainwise.slow_tick.live_change_rule`, switched by the
+`live_change_rule` job). A failed gate leaves the running job untouched.
 """
 
 import json
@@ -21,7 +27,8 @@ MIN_RATE_CHANGE = 0.05
 @dg.sensor(job=curriculum_job, minimum_interval_seconds=300,
            default_status=dg.DefaultSensorStatus.STOPPED)
 def slow_policy_sensor(context: dg.SensorEvaluationContext):
-    """Slow layer: re-decides the pruning rate from live telemetry; requests a new curriculum."""
+    """Slow layer: re-decides the pruning rate from live telemetry; proposes a new curriculum
+    (and the live change) that goes live only through the curriculum gate."""
     cursor = json.loads(context.cursor) if context.cursor else {}
     state_dir = settings.home_dir()
     requests, skips = [], []
@@ -38,13 +45,14 @@ def slow_policy_sensor(context: dg.SensorEvaluationContext):
                          f"({tick.action.reason})")
             continue
         cursor[partition] = key
-        # A live run with dynamic pruning takes the rate at its next fast tick, without restarting.
-        slow_tick.steer_live_run(state_dir, tick, rate)
+        reason = f"slow policy: {tick.action.reason}"[:250]
         requests.append(dg.RunRequest(
             run_key=key,
             partition_key=partition,
-            run_config={"ops": {"curriculum": {"config": {"pruning_rate": rate}}}},
-            tags={"trainwise/layer": "slow", "trainwise/reason": tick.action.reason[:250],
+            run_config={"ops": {"curriculum": {"config": {
+                "pruning_rate": rate, "live_run_id": tick.run_id or "",
+                "reason": reason, "requested_by": "slow_policy_sensor"}}}},
+            tags={"trainwise/layer": "slow", "trainwise/reason": reason,
                   "trainwise/steered_run": tick.run_id or ""},
         ))
     context.update_cursor(json.dumps(cursor, sort_keys=True))

@@ -47,7 +47,7 @@ def test_every_scenario_model_was_fitted_before_its_window_and_on_other_folders(
         model = risk_model_for(scenario)
         assert f"ticks [0, {scenario.start_tick})" in model.fitted_on
         prior = model.fitted_on.split("prior:", 1)[1]
-        assert scenario.folder not in prior
+        assert scenario.source_folder not in prior
 
 
 def test_goal_rows_cover_every_folder_and_kind(outcomes):

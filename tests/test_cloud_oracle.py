@@ -151,3 +151,42 @@ def test_oracle_refuses_a_deadline_shorter_than_the_work():
         hindsight_optimum(JobSpec(work_gpu_h=6.0, deadline_s=6 * 3600.0), ClusterRules(), market)
     with pytest.raises(ValueError, match="longer than the market window"):
         hindsight_optimum(JobSpec(work_gpu_h=1.0, deadline_s=30 * 3600.0), ClusterRules(), market)
+
+
+WHOLE_TICK_RULES = ClusterRules(
+    changeover_s=150, checkpoint_save_s=0, checkpoint_interval_s=1e9,
+    bill_finishing_tick_whole=True,
+)
+
+
+@pytest.mark.parametrize(
+    "available, work_s",
+    [([[0, 1, 0, 0, 1, 1, 1]], 330), ([[0, 1, 0, 1, 1, 0], [1, 1, 0, 0, 1, 0]], 230)],
+)
+def test_oracle_is_exact_when_the_finishing_tick_is_billed_whole(available, work_s):
+    """The Can't Be Late convention: the finishing tick bills whole, so the bound is the best
+    schedule exactly (per-second billing of that tick would put it below)."""
+    available = np.array(available)
+    zones = len(available)
+    market = Market(ZONES[:zones], 100, available, (0.9, 1.3)[:zones], (3.0,) * zones)
+    ticks = available.shape[1]
+    job = JobSpec(work_gpu_h=work_s / 3600, deadline_s=ticks * 100)
+    best_met, _ = brute_force(job, WHOLE_TICK_RULES, market, ticks)
+    whole = hindsight_optimum(job, WHOLE_TICK_RULES, market, max_work_levels=100_000)
+    assert whole.cost_deadline_met_usd == pytest.approx(best_met, abs=1e-9)
+    assert whole.work_unit_s == 10  # gcd(100, 150, ...) grid kept exact: 330 s is 33 units
+    per_second = hindsight_optimum(job, EXACT_RULES, market, max_work_levels=100_000)
+    assert per_second.cost_deadline_met_usd < best_met - 1e-6
+
+
+def test_a_larger_work_grid_tightens_the_bound():
+    """With MAX_WORK_LEVELS binding the grid is coarser (a looser lower bound); the cap is a
+    parameter so a benchmark can ask for the exact gcd grid."""
+    market = Market(("us-west-2a",), 195, np.ones((1, 960), dtype=np.int64), (0.9731,), (3.06,))
+    job = JobSpec(work_gpu_h=48.0, deadline_s=52 * 3600.0)
+    coarse = hindsight_optimum(job, WHOLE_TICK_RULES, market)
+    exact = hindsight_optimum(job, WHOLE_TICK_RULES, market, max_work_levels=100_000)
+    assert exact.work_unit_s == 15 and coarse.work_unit_s > 15
+    # Spot always up: 150 s changeover + 172,800 s of work = 887 ticks (886.9 rounded up).
+    assert exact.cost_deadline_met_usd == pytest.approx(887 * 195 * 0.9731 / 3600)
+    assert coarse.cost_deadline_met_usd <= exact.cost_deadline_met_usd + 1e-9

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from cloud.policies import deadline_forces_on_demand
+from cloud.policies import at_safety_point
 from cloud.policy_registry import make_policy, policy_names, register_policy
 from cloud.simulator import ClusterRules, JobSpec, Market, simulate
 from controllers.allocation_types import AllocationAction, AllocationObservation
@@ -113,18 +113,43 @@ def test_managed_spot_fills_with_on_demand_and_moves_back_after_the_rebalance_ti
     assert plan(policy.act(gang)) == ("us-east-1a", 3, 1)
 
 
-def test_greedy_waits_for_spot_until_the_deadline_forces_on_demand():
+# With 9 GPU-h done, 39 h of run + 39 saves + a changeover + a notice save need 735 ticks of 195 s:
+# the safety point is reached when 735 whole ticks are left (hour 12.19 of 52).
+SAFETY = {"work_done_h": 9.0, "work_checkpointed_h": 9.0, "time_s": 52 * 3600.0 - 735 * 195}
+BEFORE_SAFETY = {**SAFETY, "time_s": SAFETY["time_s"] - 195}
+
+
+def test_safety_point_is_the_published_whole_tick_test():
+    assert at_safety_point(observation(**SAFETY))
+    assert not at_safety_point(observation(**BEFORE_SAFETY))
+    # Two changeovers (Uniform Progress's net) need 736 ticks: reached one tick earlier.
+    assert at_safety_point(observation(**BEFORE_SAFETY), changeovers=2)
+    two_early = {**SAFETY, "time_s": SAFETY["time_s"] - 2 * 195}
+    assert not at_safety_point(observation(**two_early), changeovers=2)
+
+
+def test_greedy_waits_for_spot_until_the_safety_point():
     policy = make_policy("greedy_spot")
     assert plan(policy.act(observation())) == ("us-east-1a", 1, 0)
-    assert plan(policy.act(observation(spot_available_by_zone=(0, 1, 1)))) == (None, 0, 0)
-    # 40 h of work left at hour 10 of 52: 42 h left, 40.77 h needed on on-demand (with saves).
-    late = {"work_done_h": 8.0, "work_checkpointed_h": 8.0}
-    assert plan(policy.act(observation(spot_available_by_zone=(0, 1, 1), **late))) == (None, 0, 0)
-    # 39.7 h left, 39.75 h needed on on-demand, plus a tick and a notice save: on-demand now.
-    tight = {"work_done_h": 9.0, "work_checkpointed_h": 9.0, "time_s": 12.3 * 3600.0}
-    assert deadline_forces_on_demand(holding("spot", **tight))
-    assert plan(policy.act(holding("spot", **tight))) == ("us-east-1a", 0, 1)
-    assert plan(policy.act(holding("od", **late))) == ("us-east-1a", 0, 1)
+    no_spot = {"spot_available_by_zone": (0, 1, 1)}
+    assert plan(policy.act(observation(**no_spot))) == (None, 0, 0)
+    assert plan(policy.act(observation(**no_spot, **BEFORE_SAFETY))) == (None, 0, 0)
+    assert plan(policy.act(observation(**no_spot, **SAFETY))) == ("us-east-1a", 0, 1)
+    # Idle at the safety point with spot up: on-demand, not spot (a launch there is a risk).
+    assert plan(policy.act(observation(**SAFETY))) == ("us-east-1a", 0, 1)
+    assert plan(policy.act(holding("od", **SAFETY))) == ("us-east-1a", 0, 1)
+
+
+def test_greedy_rides_a_running_spot_node_past_the_safety_point():
+    """Published strawman: at the safety point a running spot node is kept until preempted
+    (the project's first greedy left it for on-demand)."""
+    policy = make_policy("greedy_spot")
+    action = policy.act(holding("spot", **SAFETY))
+    assert plan(action) == ("us-east-1a", 1, 0)
+    assert "until preempted" in action.reason
+    # Still in its changeover it has not proved itself: on-demand.
+    in_changeover = holding("spot", in_changeover=True, changeover_left_s=100.0, **SAFETY)
+    assert plan(policy.act(in_changeover)) == ("us-east-1a", 0, 1)
 
 
 def test_uniform_progress_rule_1_on_demand_when_idle_and_behind_the_line():
@@ -153,19 +178,33 @@ def test_uniform_progress_rule_3_stays_on_demand_until_ahead_by_two_changeovers(
     assert plan(policy.act(just_ahead)) == ("us-east-1a", 0, 1)
     far_ahead = dataclasses.replace(just_ahead, work_done_h=9.5, work_checkpointed_h=9.5)
     assert plan(policy.act(far_ahead)) == ("us-east-1a", 1, 0)
-    no_spot = dataclasses.replace(far_ahead, spot_available_by_zone=(0, 0, 0))
-    assert plan(policy.act(no_spot)) == (None, 0, 0)
 
 
-def test_uniform_progress_rule_4_safety_net():
+def test_uniform_progress_keeps_on_demand_while_spot_is_down_even_when_ahead():
+    """Published rc_cr_threshold: on on-demand with spot down it keeps on-demand, however far
+    ahead of the line (the project's first version released the node and waited)."""
     policy = make_policy("uniform_progress")
-    # 40 GPU-h left need 40.77 h on on-demand; 40.85 h left is less than that plus a changeover
-    # (the paper's two changeovers), though greedy's one-tick test would still wait.
-    net = holding("spot", time_s=11.15 * 3600.0, work_done_h=8.0, work_checkpointed_h=8.0)
-    assert not deadline_forces_on_demand(net)
-    assert plan(policy.act(net)) == ("us-east-1a", 0, 1)
-    assert "safety net" in policy.act(net).reason
-    assert plan(make_policy("greedy_spot").act(net)) == ("us-east-1a", 1, 0)
+    far_ahead = holding("od", work_done_h=20.0, work_checkpointed_h=20.0,
+                        spot_available_by_zone=(0, 0, 0))
+    action = policy.act(far_ahead)
+    assert plan(action) == ("us-east-1a", 0, 1)
+    assert "spot is down" in action.reason
+
+
+def test_uniform_progress_rule_4_safety_nets():
+    policy = make_policy("uniform_progress")
+    two_early = BEFORE_SAFETY
+    # Idle or on on-demand at the two-changeover net: on-demand to the end, spot or not.
+    assert plan(policy.act(observation(**two_early))) == ("us-east-1a", 0, 1)
+    assert "safety net" in policy.act(observation(**two_early)).reason
+    # Greedy still waits there.
+    assert plan(make_policy("greedy_spot").act(observation(**two_early))) == ("us-east-1a", 1, 0)
+    # On spot the two-changeover net does not apply, and at the one-changeover point a running
+    # spot node rides until preempted, as in greedy.
+    assert plan(policy.act(holding("spot", **two_early))) == ("us-east-1a", 1, 0)
+    assert plan(policy.act(holding("spot", **SAFETY))) == ("us-east-1a", 1, 0)
+    in_changeover = holding("spot", in_changeover=True, changeover_left_s=100.0, **SAFETY)
+    assert plan(policy.act(in_changeover)) == ("us-east-1a", 0, 1)
 
 
 def test_skypilot_failover_moves_to_the_next_zone_with_spot_and_tries_the_lost_zone_last():

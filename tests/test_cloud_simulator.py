@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cloud.faults import FaultSampler, FaultTrace
-from cloud.policies import GreedySpotPolicy, OnDemandPolicy
+from cloud.policies import GreedySpotPolicy, OnDemandPolicy, UniformProgressPolicy
 from cloud.simulator import ClusterRules, JobSpec, Market, job_horizon, simulate
 from controllers.allocation_types import AllocationAction
 
@@ -205,3 +205,52 @@ def test_observation_tells_the_policy_what_happened():
     assert after.launch_failed is False and seen[4].launch_failed is True
     assert seen[2].in_changeover is False and seen[1].in_changeover is True
     assert seen[2].work_done_h == pytest.approx(50 / 3600)
+
+
+# The Can't Be Late accounting on 100 s ticks: 100 s changeover, no saves, finishing tick billed
+# whole. 900 s of work due in 30 ticks: 9 ticks of running, 1 of changeover, 20 of slack.
+CBL_RULES = ClusterRules(
+    changeover_s=100, checkpoint_save_s=0, checkpoint_interval_s=float("inf"),
+    bill_finishing_tick_whole=True,
+)
+
+
+def test_finishing_tick_is_billed_whole_when_the_rules_say_so():
+    # 150 s changeover + 900 s of training end 50 s into tick 10: 1050 s per second, 1100 s whole.
+    whole = ClusterRules(changeover_s=150, checkpoint_save_s=0, checkpoint_interval_s=1000,
+                         bill_finishing_tick_whole=True)
+    per_second = simulate(OnDemandPolicy(), JOB, RULES, market([0] * 30))
+    billed_whole = simulate(OnDemandPolicy(), JOB, whole, market([0] * 30))
+    assert per_second.cost_usd == pytest.approx(1.05)
+    assert billed_whole.cost_usd == pytest.approx(1.10)
+    assert billed_whole.finish_s == pytest.approx(1050)
+
+
+def test_greedy_rides_spot_past_the_safety_point_until_preempted():
+    """Spot is down for 19 ticks, back at tick 19: greedy launches it (changeover in tick 19).
+    At tick 20 the remaining 900 s plus a changeover fill the 10 ticks left: the safety point.
+    The published greedy keeps the running spot node; the project's first one left for
+    on-demand (a second changeover and 9 ticks at twice the price, ending exactly on time)."""
+    rides = simulate(GreedySpotPolicy(), JOB, CBL_RULES, market([0] * 19 + [1] * 11),
+                     record_events=True)
+    assert [e[1] for e in rides.events] == ["launch", "finish"]
+    assert rides.on_demand_node_s == 0
+    assert rides.cost_usd == pytest.approx(10 * 100 * 0.0005)  # changeover + 9 spot ticks
+    # Preempted at tick 25 while riding: on-demand, and the deadline still holds (to the tick).
+    preempted = simulate(GreedySpotPolicy(), JOB, CBL_RULES,
+                         market([0] * 19 + [1] * 6 + [0] * 5), record_events=True)
+    assert [e[1] for e in preempted.events] == ["launch", "preempted", "launch", "finish"]
+    assert preempted.deadline_met and preempted.finish_s == pytest.approx(3000)
+
+
+def test_uniform_progress_keeps_on_demand_ahead_of_the_line_while_spot_is_down():
+    """No spot at all: Uniform Progress falls behind the line at tick 1 and launches on-demand;
+    it soon runs ahead of the line, but with spot down the published policy keeps on-demand to
+    the finish (one launch). The project's first version released and relaunched, paying a
+    changeover each time it fell behind again."""
+    result = simulate(UniformProgressPolicy(), JOB, CBL_RULES, market([0] * 30),
+                      record_events=True)
+    assert [e[1] for e in result.events] == ["launch", "finish"]
+    assert result.changeovers == 1
+    assert result.finish_s == pytest.approx(1100)  # launched at 100 s, 100 s changeover, 900 s
+    assert result.cost_usd == pytest.approx(10 * 100 * 0.001)

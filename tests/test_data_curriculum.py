@@ -260,3 +260,44 @@ def test_coverage_report_fails_stale_or_lopsided_curricula(examples_and_scores):
     assert not report["passed"]
     assert any("classes" in f for f in report["failures"])
     assert any("below" in f for f in report["failures"])
+
+
+# ---- write, audit, publish --------------------------------------------------------------------
+
+def test_a_proposal_leaves_latest_until_promoted(tmp_path, examples_and_scores):
+    examples, scores = examples_and_scores
+    first = build_curriculum(examples, scores, 0.3)
+    write_curriculum(first, tmp_path)
+    second = build_curriculum(examples, scores, 0.5)
+    curriculum_module.propose_curriculum(second, tmp_path, reason="slow policy", requested_by="s")
+    assert load_curriculum(tmp_path).version == first.version  # training still reads the first
+    assert curriculum_module.read_candidate(tmp_path)["version"] == second.version
+    record = curriculum_module.promote_candidate(tmp_path, second.version, approved_by="gate")
+    assert (record["from"], record["to"], record["why"]) == (first.version, second.version,
+                                                            "slow policy")
+    assert load_curriculum(tmp_path).version == second.version
+    assert curriculum_module.read_candidate(tmp_path) is None
+
+
+def test_a_stale_check_cannot_promote_a_newer_candidate(tmp_path, examples_and_scores):
+    examples, scores = examples_and_scores
+    checked = build_curriculum(examples, scores, 0.3)
+    curriculum_module.propose_curriculum(checked, tmp_path)
+    newer = build_curriculum(examples, scores, 0.6)
+    curriculum_module.propose_curriculum(newer, tmp_path)
+    with pytest.raises(ValueError, match="run curriculum_coverage again"):
+        curriculum_module.promote_candidate(tmp_path, checked.version, approved_by="gate")
+    assert curriculum_module.current_version(tmp_path) is None
+
+
+def test_a_rejected_candidate_is_kept_and_recorded(tmp_path, examples_and_scores):
+    examples, scores = examples_and_scores
+    first = build_curriculum(examples, scores, 0.3)
+    write_curriculum(first, tmp_path)
+    bad = build_curriculum(examples, scores, 0.5)
+    curriculum_module.propose_curriculum(bad, tmp_path)
+    curriculum_module.reject_candidate(tmp_path, bad.version, ["keeps no shard 3"])
+    assert load_curriculum(tmp_path).version == first.version
+    assert load_curriculum(tmp_path, version=bad.version).version == bad.version
+    record = curriculum_module.read_history(tmp_path)[-1]
+    assert record["event"] == "rejected" and record["current"] == first.version

@@ -1,4 +1,5 @@
-"""The slow-policy sensor steers a live run's curriculum and leaves finished runs alone."""
+"""The slow-policy sensor proposes; the live run changes only after the curriculum gate passed,
+under a recorded automatic-approval rule a person can switch off. Finished runs are left alone."""
 
 import json
 
@@ -11,7 +12,7 @@ from telemetry import events
 from telemetry.writer import SegmentWriter
 from training import curriculum as curriculum_lib
 from training.dynamic_pruning import read_pruning_control
-from trainwise import settings
+from trainwise import settings, slow_tick
 
 
 def _evaluate(instance, cursor=None):
@@ -62,20 +63,67 @@ def test_sensor_requests_new_curriculum_for_live_run_once(instance):
     assert request.partition_key == "pystdlib" and rate >= 0.05
     assert request.tags["trainwise/steered_run"] == "live-run-1"
     assert "pruning" in request.tags["trainwise/reason"]
-    # The live run (dynamic pruning) gets the rate through its control file.
-    control = read_pruning_control(settings.home_dir() / "runs" / "live-run-1" / "control.json")
-    assert control.pruning_rate == pytest.approx(rate)
+    # A proposal only: nothing reaches the live run before the gate.
+    control_file = settings.home_dir() / "runs" / "live-run-1" / "control.json"
+    assert not control_file.exists()
 
     # Same tick again with the cursor: no duplicate request.
     again = _evaluate(instance, cursor=result.cursor)
     assert not again.run_requests
 
-    # Running what the sensor asked for builds a curriculum at that rate.
+    # Running what the sensor asked for: the gate passes, the curriculum at that rate is
+    # published, and only then does the live run get the rate (auto-approval rule, recorded).
     refresh = defs.resolve_job_def("curriculum_refresh").execute_in_process(
         partition_key="pystdlib", instance=instance, run_config=request.run_config)
     assert refresh.success
-    built = curriculum_lib.load_curriculum(settings.home_dir() / "curricula" / "pystdlib")
+    folder = settings.home_dir() / "curricula" / "pystdlib"
+    built = curriculum_lib.load_curriculum(folder)
     assert built.pruning_rate == pytest.approx(rate)
+    control = read_pruning_control(control_file)
+    assert control.pruning_rate == pytest.approx(rate) and built.version in control.reason
+    live = curriculum_lib.read_history(folder)[-1]
+    assert live["event"] == "live_change" and live["status"] == "applied"
+    assert live["rule"]["set_by"] == "default" and "auto-approval" in live["approved_by"]
+
+
+def _sensor_refresh(instance, run_id):
+    _live_run(run_id, steps=200, losses=[3.0, 2.6, 2.3, 2.1], data_selection="dynamic")
+    [request] = _evaluate(instance).run_requests
+    return defs.resolve_job_def("curriculum_refresh").execute_in_process(
+        partition_key="pystdlib", instance=instance, run_config=request.run_config,
+        raise_on_error=False)
+
+
+def test_live_change_waits_when_the_gate_fails(instance, monkeypatch):
+    assert defs.resolve_job_def("demo").execute_in_process(
+        partition_key="pystdlib", instance=instance,
+        run_config={"ops": {"curriculum": {"config": {"pruning_rate": 0.0}},
+                            "checkpoint": {"config": {"max_steps": 2}}}}).success
+    real = curriculum_lib.coverage_report
+    monkeypatch.setattr(curriculum_lib, "coverage_report", lambda examples, built: {
+        **real(examples, built), "passed": False, "failures": ["injected"], "reason": "injected"})
+    refresh = _sensor_refresh(instance, "live-run-3")
+    assert not refresh.success
+    assert not (settings.home_dir() / "runs" / "live-run-3" / "control.json").exists()
+
+
+def test_live_change_is_pending_when_a_person_turns_auto_approval_off(instance):
+    assert defs.resolve_job_def("demo").execute_in_process(
+        partition_key="pystdlib", instance=instance,
+        run_config={"ops": {"curriculum": {"config": {"pruning_rate": 0.0}},
+                            "checkpoint": {"config": {"max_steps": 2}}}}).success
+    switch = defs.resolve_job_def("live_change_rule").execute_in_process(
+        instance=instance, run_config={"ops": {"set_live_change_rule": {"config": {
+            "auto_approve": False, "set_by": "alice", "why": "audit week"}}}})
+    assert switch.success
+    assert slow_tick.live_change_rule(settings.home_dir())["set_by"] == "alice"
+    refresh = _sensor_refresh(instance, "live-run-4")
+    assert refresh.success  # the curriculum passed its gate and is published ...
+    run_dir = settings.home_dir() / "runs" / "live-run-4"
+    assert not (run_dir / "control.json").exists()  # ... but the live change waits
+    pending = json.loads((run_dir / "control.pending.json").read_text())
+    assert pending["status"] == "pending: automatic approval is off"
+    assert pending["rule"]["why"] == "audit week"
 
 
 def test_sensor_holds_rate_when_eval_loss_regresses(instance):

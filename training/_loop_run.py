@@ -79,6 +79,7 @@ class LoopRun:
     _checkpoint_step: int | None = None  # the newest snapshot's step (durable or in flight)
     _checkpoint_error: OSError | None = None
     _last: dict[str, Any] | None = None  # the latest step's figures, for the fast policy
+    rank: int = 0  # torchrun rank (training.distributed.DistributedLoopRun); 0 alone
 
     def __post_init__(self) -> None:
         self._elapsed_before_s = self.run.elapsed_s
@@ -121,7 +122,7 @@ class LoopRun:
     def end_event(self, status: str, error: str | None = None) -> RunEndEvent:
         self._tick_clock()
         return RunEndEvent(
-            run_id=self.run.run_id, step=self.run.step, status=status,
+            run_id=self.run.run_id, rank=self.rank, step=self.run.step, status=status,
             elapsed_s=self.run.elapsed_s, cost_usd=self.run.cost_usd,
             samples_seen=self.run.samples_seen, tokens_seen=self.run.tokens_seen,
             final_eval_loss=self.run.last_eval_loss,
@@ -139,13 +140,20 @@ class LoopRun:
 
     def _stop_for_telemetry(self) -> bool:
         """At a step boundary after a failed telemetry write: checkpoint, True = stop."""
-        if self.telemetry_error is None:
+        if not self._telemetry_failed():
             return False
         try:
             self._checkpoint("telemetry_failed")
         except OSError as error:  # the same full disk may refuse the checkpoint too
             self._checkpoint_error = error
         return True
+
+    # Hooks a torchrun gang overrides so that every rank stops at the same boundary.
+    def _telemetry_failed(self) -> bool:
+        return self.telemetry_error is not None
+
+    def _notice_pending(self, notice: fast.PreemptionSignal) -> bool:
+        return notice.pending
 
     def stopped_error(self) -> TrainingStoppedError:
         assert self.writer is not None and self.telemetry_error is not None
@@ -180,7 +188,7 @@ class LoopRun:
                 self._record(self.persister.poll())
                 if self._stop_for_telemetry():
                     return "stopped"
-                if notice.pending:
+                if self._notice_pending(notice):
                     self._on_preemption(notice)
                     return "preempted"
                 if stop_after_steps is not None and steps_this_call >= stop_after_steps:
@@ -237,9 +245,10 @@ class LoopRun:
             "grad_accum_steps": accum, "step_time_ms": step_time_ms,
         }
         self.write(StepEvent(
-            run_id=self.run.run_id, step=self.run.step, samples_seen=self.run.samples_seen,
-            tokens_seen=self.run.tokens_seen, elapsed_s=self.run.elapsed_s,
-            cost_usd=self.run.cost_usd, sampler_phase=self.sampler.phase, **last,
+            run_id=self.run.run_id, rank=self.rank, step=self.run.step,
+            samples_seen=self.run.samples_seen, tokens_seen=self.run.tokens_seen,
+            elapsed_s=self.run.elapsed_s, cost_usd=self.run.cost_usd,
+            sampler_phase=self.sampler.phase, **last,
         ))
         self._last = last
         return last
@@ -269,7 +278,7 @@ class LoopRun:
             if action.learning_rate != observation.learning_rate:
                 self.run.lr_scale *= action.learning_rate / observation.learning_rate
         self.write(DecisionEvent(
-            run_id=self.run.run_id, step=self.run.step, layer="fast", policy=name,
+            run_id=self.run.run_id, rank=self.rank, step=self.run.step, layer="fast", policy=name,
             action=fast.action_record(action), reason=action.reason,
             numbers=dict(action.numbers), observation=fast.observation_record(observation),
         ))
@@ -285,7 +294,8 @@ class LoopRun:
         else:
             response = "no step yet"
         self.write(PreemptionEvent(
-            run_id=self.run.run_id, step=self.run.step, signal_name=notice.signal_name or "",
+            run_id=self.run.run_id, rank=self.rank, step=self.run.step,
+            signal_name=notice.signal_name or "",
             notice_s=notice_s if notice_s is not None else math.nan,
             received_wall_time_s=notice.received_wall_time_s or math.nan,
             response=f"checkpoint_and_exit (policy said {response})",
@@ -299,7 +309,8 @@ class LoopRun:
         self.run.last_eval_step = self.run.step
         self.sampler.observe_eval(self.run.step, loss)
         self.write(EvalEvent(
-            run_id=self.run.run_id, step=self.run.step, eval_loss=loss, eval_accuracy=accuracy,
+            run_id=self.run.run_id, rank=self.rank, step=self.run.step, eval_loss=loss,
+            eval_accuracy=accuracy,
             eval_examples=count, eval_ms=(time.perf_counter() - began) * 1000.0,
         ))
 
@@ -341,7 +352,8 @@ class LoopRun:
         self.run.last_checkpoint_cost_s = result.snapshot_s + result.persist_s
         self.run.last_checkpoint_elapsed_s = result.elapsed_s
         self.write(CheckpointEvent(
-            run_id=self.run.run_id, step=info.step, path=str(info.path), sha256=info.sha256,
+            run_id=self.run.run_id, rank=self.rank, step=info.step, path=str(info.path),
+            sha256=info.sha256,
             size_bytes=result.size_bytes, save_ms=result.blocking_s * 1000.0, reason=info.reason,
             snapshot_ms=result.snapshot_s * 1000.0, persist_ms=result.persist_s * 1000.0,
             asynchronous=result.asynchronous,

@@ -41,6 +41,9 @@ class RunState:
     last_checkpoint_elapsed_s: float = 0.0
     last_checkpoint_cost_s: float = math.nan  # nan until a checkpoint was written
     noise_scale: GradNoiseScale = field(default_factory=GradNoiseScale)
+    # Under torchrun: each rank's share of the global batch, set at fast ticks (empty = equal
+    # shares; a single process never uses it).
+    rank_work_shares: list[float] = field(default_factory=list)
 
 
 def default_model_config(examples: ExampleSet) -> GPTConfig | CNNConfig:
@@ -87,6 +90,19 @@ def check_examples_fit(examples: ExampleSet, config: GPTConfig | CNNConfig) -> N
         raise ValueError(f"unknown ExampleSet kind {examples.kind!r}; use 'text' or 'image'")
 
 
+def rank_state(sampler: TrainSampler) -> dict[str, Any]:
+    """This process's sampler position and RNGs (each torchrun rank saves its own)."""
+    return {
+        "sampler": sampler.state_dict(),
+        "rng": {
+            "torch": torch.get_rng_state(),
+            # The dict form: {"bit_generator", "state": {"key", "pos"}, "has_gauss", "gauss"}.
+            "numpy": np.random.get_state(legacy=False),
+            "python": random.getstate(),  # (version, tuple of 625 ints, gauss_next)
+        },
+    }
+
+
 def build_state(
     *,
     run: RunState,
@@ -107,6 +123,7 @@ def build_state(
     they are (tensors already; the model's OrderedDict keeps its `_metadata`).
     """
     state = dataclasses.asdict(run)
+    state.update(rank_state(sampler))
     state.update(
         format=STATE_FORMAT,
         model_kind=model_kind,
@@ -116,13 +133,6 @@ def build_state(
         partition=examples.partition,
         data_fingerprint=examples.fingerprint,
         curriculum_version=curriculum.version if curriculum is not None else None,
-        sampler=sampler.state_dict(),
-        rng={
-            "torch": torch.get_rng_state(),
-            # The dict form: {"bit_generator", "state": {"key", "pos"}, "has_gauss", "gauss"}.
-            "numpy": np.random.get_state(legacy=False),
-            "python": random.getstate(),  # (version, tuple of 625 ints, gauss_next)
-        },
     )
     state = to_checkpoint_types(state)
     state.update(model=model.state_dict(), optimizer=optimizer.state_dict())
@@ -137,8 +147,21 @@ def restore_state(
     optimizer: torch.optim.Optimizer,
     sampler: TrainSampler,
     source: str,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> RunState:
-    """Loads model, optimizer, sampler and RNGs from `state`; returns the run's progress."""
+    """Loads model, optimizer, sampler and RNGs from `state`; returns the run's progress.
+
+    A checkpoint of a torchrun run holds every rank's RNG and sampler state (`ranks`, see
+    `rank_state`); it resumes only at the world size that wrote it."""
+    saved_world = int(state.get("world_size", 1))
+    if saved_world != world_size:
+        raise ValueError(
+            f"checkpoint {source} was written by a run of {saved_world} rank(s) but this run has "
+            f"{world_size}: each rank's sampler position and RNG are saved for {saved_world}. "
+            f"Resume with torchrun --nproc_per_node={saved_world} (times --nnodes), or start "
+            "fresh"
+        )
     if state.get("format") != STATE_FORMAT:
         raise ValueError(
             f"checkpoint {source} holds {state.get('format')!r}, not {STATE_FORMAT!r}; start fresh"
@@ -152,12 +175,14 @@ def restore_state(
         )
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    sampler.load_state_dict(arrays_from_tensors(state["sampler"]))
-    torch.set_rng_state(state["rng"]["torch"])
-    np.random.set_state(arrays_from_tensors(state["rng"]["numpy"]))
-    version, internal, gauss_next = state["rng"]["python"]
+    own = state["ranks"][rank] if world_size > 1 else state
+    sampler.load_state_dict(arrays_from_tensors(own["sampler"]))
+    torch.set_rng_state(own["rng"]["torch"])
+    np.random.set_state(arrays_from_tensors(own["rng"]["numpy"]))
+    version, internal, gauss_next = own["rng"]["python"]
     random.setstate((version, tuple(internal), gauss_next))
     names = {f.name for f in dataclasses.fields(RunState)}
     values = {k: v for k, v in state.items() if k in names}
     values["noise_scale"] = GradNoiseScale(**state["noise_scale"])
+    values["rank_work_shares"] = [float(s) for s in state.get("rank_work_shares", [])]
     return RunState(**values)

@@ -55,8 +55,10 @@ def evaluate(
     loss_sum = 0.0
     correct = 0
     count = 0
+    device = next(model.parameters()).device  # a torchrun rank on a GPU; .to(cpu) is a no-op
     for positions in batches:
         inputs, targets = batch_tensors(examples, positions)
+        inputs, targets = inputs.to(device), targets.to(device)
         logits, per_example = model(inputs, targets, reduction="none")
         loss_sum += float(per_example.double().sum())
         count += len(positions)

@@ -14,6 +14,12 @@ NaN, scores that miss a train example, and a draw that drops every train example
 
 Published as `curriculum-<version>.parquet` (example_id, weight) + `curriculum-<version>.json`
 (summary, checksum) and a `LATEST` pointer file, each written atomically, pointer last.
+
+Write, audit, publish: the Dagster asset writes a version as a *candidate* (`propose_curriculum`,
+a `CANDIDATE` file; `LATEST` untouched, so training never reads it), the blocking check audits it
+and only a passing check moves `LATEST` (`promote_candidate`). A failed candidate stays on disk
+for inspection (`reject_candidate` records why). A rollback proposes a stored version again and
+goes through the same check. Every publish, rejection and rollback is a line of `history.jsonl`.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import hashlib
 import json
 import math
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +38,8 @@ from training.data_types import Curriculum, ExampleSet
 from training.scoring import ScoreTable
 
 LATEST_NAME = "LATEST"
+CANDIDATE_NAME = "CANDIDATE"
+HISTORY_NAME = "history.jsonl"
 CURRICULUM_FORMAT = "trainwise.curriculum/1"
 REMATERIALIZE = "re-materialize curriculum"
 VERSION_HEX = 12
@@ -197,8 +206,10 @@ def coverage_report(examples: ExampleSet, c: Curriculum) -> dict:
     return report
 
 
-def write_curriculum(c: Curriculum, out_dir: Path, *, summary: dict | None = None) -> Path:
-    """Publish `c` under `out_dir` and point LATEST at it; returns the .json manifest path.
+def write_curriculum(c: Curriculum, out_dir: Path, *, summary: dict | None = None,
+                     publish: bool = True) -> Path:
+    """Write `c` under `out_dir` and (publish=True) point LATEST at it; returns the .json
+    manifest path. publish=False leaves LATEST alone: see `propose_curriculum`.
 
     Order: parquet, then json (naming the parquet's sha256), then LATEST, each atomic: a crash
     leaves LATEST on the previous complete version. `summary`: from summarize_curriculum.
@@ -231,7 +242,8 @@ def write_curriculum(c: Curriculum, out_dir: Path, *, summary: dict | None = Non
     }
     json_path = out_dir / f"curriculum-{c.version}.json"
     atomic_write_json(json_path, manifest)
-    atomic_write_bytes(out_dir / LATEST_NAME, (c.version + "\n").encode("ascii"))
+    if publish:
+        atomic_write_bytes(out_dir / LATEST_NAME, (c.version + "\n").encode("ascii"))
     return json_path
 
 
@@ -287,3 +299,106 @@ def load_curriculum(path_or_dir: Path, version: str | None = None) -> Curriculum
         raise ValueError(f"curriculum {json_path} does not hash to its version {c.version}: "
                          f"{REMATERIALIZE}")
     return c
+
+
+# ---- write, audit, publish ---------------------------------------------------------------------
+
+def current_version(out_dir: Path) -> str | None:
+    """The published (LATEST) version of a folder, or None when nothing is published yet."""
+    latest = Path(out_dir) / LATEST_NAME
+    if not latest.is_file():
+        return None
+    return latest.read_text(encoding="ascii", errors="replace").strip() or None
+
+
+def read_candidate(out_dir: Path) -> dict | None:
+    """The pending proposal of a folder ({"version", "source", "reason", ...}) or None."""
+    path = Path(out_dir) / CANDIDATE_NAME
+    if not path.is_file():
+        return None
+    return read_json(path, what="curriculum candidate", fix=REMATERIALIZE)
+
+
+def _propose(out_dir: Path, version: str, source: str, reason: str, requested_by: str,
+             live_change: dict | None) -> dict:
+    proposal = {"version": version, "source": source, "reason": reason,
+                "requested_by": requested_by, "proposed_at_s": time.time(),
+                "previous": current_version(out_dir), "live_change": live_change}
+    atomic_write_json(Path(out_dir) / CANDIDATE_NAME, proposal)
+    return proposal
+
+
+def propose_curriculum(c: Curriculum, out_dir: Path, *, summary: dict | None = None,
+                       reason: str = "", requested_by: str = "",
+                       live_change: dict | None = None) -> Path:
+    """Write `c` as the folder's candidate (LATEST unchanged); returns its .json manifest.
+    `live_change`: a change of a running job ({"run_id", "pruning_rate", "reason"}) that goes
+    live only when this candidate is published."""
+    json_path = write_curriculum(c, out_dir, summary=summary, publish=False)
+    _propose(out_dir, c.version, "build", reason, requested_by, live_change)
+    return json_path
+
+
+def propose_rollback(out_dir: Path, version: str, *, reason: str, requested_by: str) -> Curriculum:
+    """Propose a stored version again (a rollback); it is verified (checksum, content hash) now
+    and published only when the gate passes. A version never written is a FileNotFoundError
+    listing the stored ones."""
+    out_dir = Path(out_dir)
+    try:
+        restored = load_curriculum(out_dir, version)
+    except FileNotFoundError as error:
+        stored = sorted(p.stem.removeprefix("curriculum-") for p in
+                        out_dir.glob("curriculum-*.json"))
+        raise FileNotFoundError(f"no curriculum version {version!r} in {out_dir} to roll back to;"
+                                f" stored versions: {', '.join(stored) or 'none'}") from error
+    if not reason.strip():
+        raise ValueError("a rollback needs a reason (run config `reason`): it is recorded in "
+                         "the curriculum history")
+    _propose(out_dir, version, "rollback", reason, requested_by, None)
+    return restored
+
+
+def append_history(out_dir: Path, record: dict) -> dict:
+    """One line of the folder's history (publish, rejection, rollback, live change)."""
+    record = {"at_s": time.time(), **record}
+    with open(Path(out_dir) / HISTORY_NAME, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, sort_keys=True) + "\n")
+    return record
+
+
+def read_history(out_dir: Path) -> list[dict]:
+    path = Path(out_dir) / HISTORY_NAME
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def promote_candidate(out_dir: Path, version: str, *, approved_by: str) -> dict:
+    """Publish the checked candidate `version` (LATEST -> version) and record it.
+
+    Refused (ValueError) when the folder's candidate is no longer `version` (another proposal
+    came in after the check: check that one) or when its files fail their checksum."""
+    out_dir = Path(out_dir)
+    candidate = read_candidate(out_dir)
+    if candidate is None or candidate.get("version") != version:
+        raise ValueError(f"candidate of {out_dir} is {candidate and candidate.get('version')!r}, "
+                         f"not the checked version {version!r}: run curriculum_coverage again")
+    load_curriculum(out_dir, version)  # checksum and content hash, before it goes live
+    previous = current_version(out_dir)
+    atomic_write_bytes(out_dir / LATEST_NAME, (version + "\n").encode("ascii"))
+    (out_dir / CANDIDATE_NAME).unlink(missing_ok=True)
+    return append_history(out_dir, {
+        "event": "rollback" if candidate.get("source") == "rollback" else "published",
+        "from": previous, "to": version, "approved_by": approved_by,
+        "requested_by": candidate.get("requested_by", ""), "why": candidate.get("reason", ""),
+        "live_change": candidate.get("live_change")})
+
+
+def reject_candidate(out_dir: Path, version: str, failures: list[str]) -> dict:
+    """Record that the candidate failed its gate; its files and the CANDIDATE pointer stay for
+    inspection, LATEST stays where it was."""
+    candidate = read_candidate(out_dir) or {}
+    return append_history(out_dir, {"event": "rejected", "version": version,
+                                    "current": current_version(out_dir), "failures": failures,
+                                    "source": candidate.get("source", ""),
+                                    "why": candidate.get("reason", "")})

@@ -49,6 +49,7 @@ from controllers.fast_types import FastPolicy, NoOpFastPolicy
 from telemetry.events import RunStartEvent
 from telemetry.reader import latest_recorded
 from telemetry.writer import SegmentWriter, rank_dir
+from training import distributed
 from training._loop_config import TrainConfig, get_lr
 from training._loop_persist import CheckpointInfo, CheckpointWriteError
 from training._loop_run import LoopRun, Status, TrainingStoppedError
@@ -179,6 +180,7 @@ def train(
     stop_after_steps: int | None = None,
     pruning: DynamicPruningConfig | None = None,
     on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
+    emulation: distributed.Emulation | None = None,
 ) -> TrainResult:
     """Trains (or resumes) a run and returns where it stands; see the module docstring.
 
@@ -187,6 +189,12 @@ def train(
     (item 6 of the module docstring); None keeps the static curriculum sampler. `resume_from`:
     a checkpoint file or a checkpoint folder. `on_checkpoint`: called (from the persist thread
     for background checkpoints) once a checkpoint is durable; it must return quickly.
+
+    Under torchrun with more than one rank (torch.distributed initialised, e.g. by
+    `training.ddp_worker`) every rank calls `train` with the same arguments and trains its
+    share of each global batch (`training.distributed`); `grad_accum_steps` is then the global
+    number of micro batches. `emulation` (benchmarks, torchrun only): emulated device time and
+    a replayed straggler slowdown for this rank (`training.distributed.Emulation`).
 
     Raises RunFolderLockedError when another trainer holds `out_dir`, TrainingStoppedError when
     telemetry cannot be written (after checkpointing).
@@ -201,15 +209,25 @@ def train(
     telemetry_root = out_dir / "telemetry"
     if config.run_id:
         rank_dir(telemetry_root, config.run_id, 0)  # validates run_id before anything is written
-    with RunFolderLock(out_dir):
+    ctx = distributed.current()  # None unless torchrun started more than one rank
+    if ctx is not None and pruning is not None:
+        raise ValueError(
+            "dynamic pruning under torchrun is not supported yet (its loss table would differ "
+            "per rank); train with pruning=None or in a single process"
+        )
+    lock = (RunFolderLock(out_dir) if ctx is None
+            else distributed.gang_lock(out_dir, ctx, lambda: RunFolderLock(out_dir)))
+    with lock:
         # Under the lock no other writer is alive: every temp file is an orphan of a killed one.
-        if (out_dir / "checkpoints").is_dir():
+        if (out_dir / "checkpoints").is_dir() and (ctx is None or ctx.rank == 0):
             clean_orphaned_temp_files(out_dir / "checkpoints")
+        if ctx is not None:
+            ctx.emulation = emulation
         return _train_locked(
             config, examples, curriculum, out_dir, model_kind=model_kind,
             model_config=model_config, started=started, fast_policy=fast_policy,
             resume_from=resume_from, progress=progress, stop_after_steps=stop_after_steps,
-            pruning=pruning, on_checkpoint=on_checkpoint,
+            pruning=pruning, on_checkpoint=on_checkpoint, ctx=ctx,
         )
 
 
@@ -228,6 +246,7 @@ def _train_locked(
     stop_after_steps: int | None,
     pruning: DynamicPruningConfig | None,
     on_checkpoint: Callable[[CheckpointInfo], None] | None,
+    ctx: distributed.DistContext | None = None,
 ) -> TrainResult:
     fingerprint = model_fingerprint(model_kind, model_config)
     resume = None
@@ -236,6 +255,8 @@ def _train_locked(
     state = resume.state if resume else None
     run_id = config.run_id or (state["run_id"] if state else "")
     run_id = run_id or f"{model_kind}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    if ctx is not None:
+        run_id = distributed.broadcast_object(run_id, ctx)  # one run, one id on every rank
     telemetry_root = out_dir / "telemetry"
     rank_dir(telemetry_root, run_id, 0)  # validates run_id before anything is written
     previous_threads = torch.get_num_threads()
@@ -244,6 +265,8 @@ def _train_locked(
     try:
         torch.manual_seed(config.seed)
         model = build_model(model_kind, model_config)
+        if ctx is not None:
+            model = model.to(ctx.device)
         optimizer = _make_optimizer(model, config)
         if pruning is None:
             sampler = CurriculumSampler(
@@ -267,21 +290,30 @@ def _train_locked(
             run = restore_state(
                 resume.state, examples=examples, model=model, optimizer=optimizer,
                 sampler=sampler, source=str(resume.path),
+                rank=ctx.rank if ctx else 0, world_size=ctx.world_size if ctx else 1,
             )
             run.run_id = run_id
             billing = _bill_killed_work(run, telemetry_root / run_id)
-        loop = LoopRun(
+        parts: dict[str, Any] = dict(
             config=config, examples=examples, curriculum=curriculum, out_dir=out_dir,
             model_kind=model_kind, model_config=model_config, model=model, optimizer=optimizer,
             sampler=sampler, run=run, policy=fast_policy or NoOpFastPolicy(), started=started,
             on_checkpoint=on_checkpoint,
         )
+        if ctx is None:
+            loop = LoopRun(**parts)
+        else:
+            distributed.micro_counts(config.grad_accum_steps, [1.0] * ctx.world_size)  # checks
+            loop = distributed.DistributedLoopRun(
+                **parts, ctx=ctx, ddp=distributed.wrap_model(model, ctx)
+            )
         with SegmentWriter(
-            telemetry_root, run_id, events_per_segment=config.telemetry_events_per_segment
+            telemetry_root, run_id, events_per_segment=config.telemetry_events_per_segment,
+            rank=ctx.rank if ctx else 0,
         ) as writer:
             loop.writer = writer
             loop.write(RunStartEvent(
-                run_id=run_id, step=run.step, model_kind=model_kind,
+                run_id=run_id, rank=loop.rank, step=run.step, model_kind=model_kind,
                 model_config=config_dict(model_config), model_fingerprint=fingerprint,
                 train_config=dataclasses.asdict(config), data_fingerprint=examples.fingerprint,
                 curriculum_version=curriculum.version if curriculum else None,

@@ -2,7 +2,11 @@
 
 `run_emulated` trains one job on this machine as if on one cloud node of the trace's instance
 type (p3.2xlarge for the V100 traces). The pure parts (replay clock, market window, billing
-rule, observations) are in `cloud/emulated.py`; this module runs processes and writes telemetry.
+rule, observations) are in `cloud/emulated.py`; launches, notices, terminations and the bill go
+through the `emulated` provider (`cloud/providers/emulated.py`, the `ComputeProvider` interface);
+this module runs the trainer processes, freezes the clock while they boot or stop, and writes
+telemetry. `restore_from_store` (end of the file) is how a replacement node, whose disk is new,
+gets the run's newest committed checkpoint from the object store.
 
 Event sequence (a typical run, the 2023-02 us-east-1a trace):
 tick 0: policy -> spot (launch; trainer process boots, clock frozen; changeover 360 s billed)
@@ -36,6 +40,7 @@ import bisect
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +51,8 @@ from typing import Any
 
 from cloud import emulated as replay
 from cloud.policy_registry import make_policy
+from cloud.providers.base import LaunchFailedError, NodeHandle
+from cloud.providers.emulated import EmulatedProvider
 from cloud.traces import FOLDER_MEANING
 from telemetry.events import DecisionEvent
 from telemetry.reader import read_run_events
@@ -131,6 +138,7 @@ class _Trainer:
     result_path: Path
     resumed_from: str | None
     holding: replay.Holding | None = None  # the node it runs on (billed until it is down)
+    node: NodeHandle | None = None  # that node at the provider
     ready: bool = False
     stop_reason: str = ""
     notice_monotonic: float | None = None
@@ -145,6 +153,7 @@ class _Emulation:
     market: replay.ReplayMarket
     rules: Any
     clock: replay.ReplayClock
+    provider: EmulatedProvider  # launches, notices, terminations and the bill go through it
     policy: Any
     writer: SegmentWriter
     run_id: str
@@ -156,7 +165,11 @@ class _Emulation:
     deadline_s: float
     notice_wall_s: float
     trainer_ignores_notice: bool = False
-    holdings: list[replay.Holding] = field(default_factory=list)
+    # Object store mode: trainers upload each checkpoint; a stopped node's disk is lost and its
+    # replacement restores from the store (`restore_from_store`).
+    store_dir: Path | None = None
+    store_key_prefix: str = ""
+    node: NodeHandle | None = None  # the node the job holds (or last held)
     trainer: _Trainer | None = None
     pending_launch: bool = False
     preemption_times: tuple[float, ...] = ()
@@ -179,9 +192,16 @@ class _Emulation:
         return self.work_total_h * 3600.0 / self.max_steps
 
     @property
+    def holdings(self) -> list[replay.Holding]:
+        return self.provider.holdings
+
+    @property
     def holding(self) -> replay.Holding | None:
-        last = self.holdings[-1] if self.holdings else None
-        return last if last is not None and last.end_s is None else None
+        """The node the job holds now (its bill still open), as the provider bills it."""
+        if self.node is None:
+            return None
+        holding = self.provider.holding(self.node)
+        return holding if holding.end_s is None else None
 
     @property
     def telemetry_dir(self) -> Path:
@@ -217,10 +237,17 @@ class _Emulation:
         index = len(self.pids)
         folder = self.run_dir / "emulated"
         folder.mkdir(parents=True, exist_ok=True)
+        resume_from = self.checkpoint_path
+        if self.store_dir is not None and resume_from is not None:
+            from trainwise.emulated_worker import RESUME_FROM_STORE
+
+            resume_from = RESUME_FROM_STORE  # the new node's disk is empty: the store has it
         job = {"shards_dir": str(self.shards_dir), "run_dir": str(self.run_dir),
                "result_path": str(folder / f"result-{index:03d}.json"),
-               "resume_from": self.checkpoint_path, "train_config": self.train_config,
-               "block_sigterm": self.trainer_ignores_notice}
+               "resume_from": resume_from, "train_config": self.train_config,
+               "block_sigterm": self.trainer_ignores_notice,
+               "store_dir": str(self.store_dir) if self.store_dir is not None else None,
+               "store_key_prefix": self.store_key_prefix}
         job_path = folder / f"job-{index:03d}.json"
         job_path.write_text(json.dumps(job, indent=1))
         log = open(folder / f"worker-{index:03d}.log", "w")  # noqa: SIM115 (child owns it)
@@ -231,7 +258,8 @@ class _Emulation:
         log.close()
         holding = self.holding
         self.trainer = _Trainer(process, time.time(), Path(job["result_path"]),
-                                self.checkpoint_path, holding=holding)
+                                self.checkpoint_path, holding=holding,
+                                node=self.node if holding is not None else None)
         self.pids.append(process.pid)
         if self.checkpoint_path is not None:
             self.resumes += 1
@@ -289,37 +317,34 @@ class _Emulation:
     def node_down(self, trainer: _Trainer) -> None:
         """The trainer exited (or was killed): its node was up until then, at most the notice."""
         holding = trainer.holding
-        if holding is None or holding.notice_at_s is None or trainer.notice_monotonic is None:
+        if (trainer.node is None or holding is None or holding.notice_at_s is None
+                or trainer.notice_monotonic is None):
             return
-        down_s = replay.node_down_s(
-            holding.notice_at_s, time.monotonic() - trainer.notice_monotonic,
-            self.clock.emulated_per_wall_s, self.rules.notice_s)
-        holding.trainer_exit_s = down_s
-        holding.end_s = max(holding.end_s if holding.end_s is not None else down_s, down_s)
+        self.provider.node_down(trainer.node, time.monotonic() - trainer.notice_monotonic)
 
     def end_holding(self, reason: str) -> None:
-        holding = self.holding
-        if holding is not None:
-            holding.end_s, holding.end_reason = self.clock.now_s, reason
+        """The job lets its node go now (the provider closes its bill, `terminate`)."""
+        if self.holding is not None and self.node is not None:
+            self.provider.terminate(self.node, reason)
 
     # -- the tick ---------------------------------------------------------------------------
     def on_tick(self, tick: int) -> None:
         available = self.market.available_at(tick)
-        holding = self.holding
-        if (holding is not None and holding.kind == replay.SPOT and available < 1
-                and self.steps >= self.max_steps):
+        # The provider applies the trace: a spot node over the zone's capacity gets its notice
+        # (its bill closes provisionally now, moved to when it is down).
+        noticed = self.node is not None and self.node in self.provider.on_tick(tick)
+        if noticed and self.steps >= self.max_steps:
             # Reclaimed while the trainer writes its final eval and checkpoint: the loop has left
             # its step loop and ignores the notice, so this interrupts nothing. The node is
             # billed until that trainer exits (at most the notice).
-            self.end_holding("reclaimed after the last step")
+            self.provider.holding(self.node).end_reason = "reclaimed after the last step"
             if self.trainer is not None:
                 self.note_notice(self.trainer)  # billed until its trainer exits (or the notice)
             self.record(PROVIDER_POLICY, {"event": "reclaimed_after_work"},
                         "spot reclaimed after the last step: not an interruption",
                         {"time_s": self.clock.now_s, "steps_done": float(self.steps)})
-        elif holding is not None and holding.kind == replay.SPOT and available < 1:
+        elif noticed:
             self.preemption_times += (self.clock.now_s,)
-            self.end_holding("preempted")
             pid = self.trainer.process.pid if self.trainer else None
             self.record(PROVIDER_POLICY, {"event": "preemption", "pid": pid, "signal": "SIGTERM"},
                         f"spot reclaimed in {self.market.zone} at trace tick "
@@ -350,14 +375,16 @@ class _Emulation:
             self.stop_trainer("release")
             applied = "release"
         elif want is not None and (holding is None or holding.kind != want):
-            if want == replay.SPOT and available < 1:
+            try:
+                (node,) = self.provider.launch(self.market.zone, self.market.instance_type,
+                                               want, 1)
+            except LaunchFailedError:  # no spot capacity in the trace this tick
                 self.launch_failed, applied = True, "launch_failed"
             else:
-                self.end_holding(f"switched to {want}")
-                if holding is not None:
+                if holding is not None and self.node is not None:
+                    self.provider.terminate(self.node, f"switched to {want}")
                     self.stop_trainer(f"switch to {want}")
-                self.holdings.append(replay.Holding(
-                    want, self.clock.now_s, self.market.price_usd_per_hour(want)))
+                self.node = node
                 self.launches += 1
                 self.pending_launch, applied = True, f"launch {want}"
         self.record(
@@ -423,7 +450,9 @@ class _Emulation:
             if self.pending_launch:
                 # The trainer finished while a relaunch waited for it to exit: never booted.
                 self.pending_launch = False
-                self.holdings.pop()
+                if self.node is not None:
+                    self.provider.forget(self.node)
+                self.node = None
                 self.launches -= 1
             self.finish_s = self.clock.now_s
             self.final_eval_loss = result["final_eval_loss"]
@@ -438,6 +467,9 @@ class _Emulation:
         if trainer.stop_reason == "":
             raise RuntimeError(f"trainer pid {trainer.process.pid} stopped unasked with status "
                                f"{result['status'] if result else code}")
+        if self.store_dir is not None:
+            # The node is gone and its local disk with it: only the store keeps checkpoints.
+            shutil.rmtree(self.run_dir / "checkpoints", ignore_errors=True)
         self.record(PROVIDER_POLICY,
                     {"event": "trainer_stopped", "pid": trainer.process.pid,
                      "status": result["status"] if result else "killed"},
@@ -483,6 +515,7 @@ def run_emulated(
     poll_s: float = 0.02,
     train_overrides: dict[str, Any] | None = None,
     trainer_ignores_notice: bool = False,
+    object_store_dir: str | Path | None = None,
 ) -> EmulatedResult:
     """Train `partition` for `max_steps` on the emulated cloud (see the module docstring).
 
@@ -491,6 +524,9 @@ def run_emulated(
     `data_dir` (default: the `TRAINWISE_DATA_DIR` setting) holds the corpora and `spot/`.
     `trainer_ignores_notice` (fault injection): trainers block SIGTERM, so each notice ends in a
     SIGKILL and the resumed trainer re-runs the killed one's steps since its checkpoint.
+    `object_store_dir` (a `LocalObjectStore` folder): trainers upload every checkpoint under
+    `checkpoints/<partition>/<run_id>`, a stopped node's checkpoint folder is deleted (its disk
+    is gone), and each replacement restores the store's newest committed checkpoint.
     """
     from training import shards
 
@@ -526,11 +562,15 @@ def run_emulated(
     notice_wall_s = max(min_notice_wall_s, clock.wall_s(rules.notice_s))
     with SegmentWriter(run_dir / "telemetry", run_id, rank=PROVIDER_RANK) as writer:
         job = _Emulation(
-            market=market, rules=rules, clock=clock, policy=policy, writer=writer, run_id=run_id,
+            market=market, rules=rules, clock=clock,
+            provider=EmulatedProvider([market], clock, rules), policy=policy, writer=writer,
+            run_id=run_id,
             run_dir=run_dir, shards_dir=shards_dir,
             train_config=_train_config(run_id, max_steps, market, train_overrides),
             max_steps=max_steps, work_total_h=work_total_s / 3600.0, deadline_s=deadline_s,
-            notice_wall_s=notice_wall_s, trainer_ignores_notice=trainer_ignores_notice)
+            notice_wall_s=notice_wall_s, trainer_ignores_notice=trainer_ignores_notice,
+            store_dir=Path(object_store_dir) if object_store_dir is not None else None,
+            store_key_prefix=f"checkpoints/{partition}/{run_id}")
         job.record(PROVIDER_POLICY, {"event": "job", "trace": market.source, "zone": market.zone,
                                      "instance_type": market.instance_type},
                    f"emulated job: {max_steps} steps on {market.instance_type} in {market.zone}, "
@@ -594,3 +634,40 @@ def result_record(result: EmulatedResult) -> dict[str, Any]:
     record["deadline_met"] = result.deadline_met
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
             for k, v in record.items()}
+
+
+# -- a replacement node restores from the object store -------------------------------------------
+@dataclass(frozen=True)
+class RestorePoint:
+    """Where a replacement node resumes: a committed checkpoint in its local folder."""
+
+    path: Path
+    step: int
+    source: str  # "store" (downloaded) or "local" (the folder already held it, or a newer one)
+    skipped: tuple[tuple[str, str], ...] = ()  # newer store checkpoints that failed to verify
+
+
+def restore_from_store(store: Any, key_prefix: str, checkpoints_dir: str | Path
+                       ) -> RestorePoint | None:
+    """Bring the store's newest committed checkpoint under `key_prefix` into `checkpoints_dir`
+    (a node's local checkpoint folder, empty on a replacement node) unless the folder already
+    holds a good checkpoint at least as new. None: nothing to resume from (start fresh).
+
+    The download is verified against the commit marker (sha256, bytes) and lands payload first,
+    manifest last, so `training.checkpoint.latest_good_checkpoint` (and `runs.is_resumable`)
+    see it as any local checkpoint. `trainwise/runs.py` can call this before `_resume_point`
+    with `checkpoints/<partition>/<run_id>` (the uploader's prefix) and `run_dir/checkpoints`.
+    """
+    from training.checkpoint import latest_good_checkpoint
+    from trainwise.object_store import latest_committed_checkpoint
+
+    folder = Path(checkpoints_dir)
+    local = latest_good_checkpoint(folder) if folder.is_dir() else None
+    folder.mkdir(parents=True, exist_ok=True)
+    stored = latest_committed_checkpoint(store, key_prefix, folder)
+    skipped = tuple(stored.skipped) if stored is not None else ()
+    if local is not None and (stored is None or local.step >= stored.step):
+        return RestorePoint(Path(local.path), int(local.step), "local", skipped)
+    if stored is None:
+        return None
+    return RestorePoint(stored.path, stored.step, "store", skipped)

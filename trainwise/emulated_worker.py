@@ -9,7 +9,10 @@ Job file (JSON): {"shards_dir", "run_dir", "result_path", "resume_from" (null or
 path), "train_config" (the `TrainConfig` fields; `model` as a dict of `GPTConfig` fields or
 absent)}, and optionally "block_sigterm" (fault injection: a trainer that never answers the
 notice, so the provider SIGKILLs it; the signal is blocked before torch starts its threads, so
-no thread can take it).
+no thread can take it), and "store_dir" + "store_key_prefix" (an object store folder, the
+`LocalObjectStore` layout): every checkpoint is uploaded as it is written (drained before the
+process exits), and "resume_from": "store" restores the store's newest committed checkpoint
+into this node's empty checkpoint folder first (`trainwise.emulated.restore_from_store`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 REQUIRED_KEYS = ("shards_dir", "run_dir", "result_path", "resume_from", "train_config")
+RESUME_FROM_STORE = "store"
+# Seconds the worker waits for its uploads before exiting (a local store takes milliseconds).
+UPLOAD_DRAIN_S = 30.0
 
 
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
@@ -47,8 +53,25 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     if isinstance(fields.get("model"), dict):
         fields["model"] = GPTConfig(**fields["model"])
     config = loop.TrainConfig(**fields)
-    result = loop.train(config, examples, None, Path(job["run_dir"]),
-                        resume_from=job["resume_from"])
+    uploader, resume_from, restored_step = None, job["resume_from"], None
+    if job.get("store_dir"):
+        from trainwise.emulated import restore_from_store
+        from trainwise.object_store import CheckpointUploader, LocalObjectStore
+
+        store = LocalObjectStore(Path(job["store_dir"]))
+        uploader = CheckpointUploader(store, job["store_key_prefix"])
+        if resume_from == RESUME_FROM_STORE:
+            point = restore_from_store(store, job["store_key_prefix"],
+                                       Path(job["run_dir"]) / "checkpoints")
+            resume_from = str(point.path) if point is not None else None
+            restored_step = point.step if point is not None else None
+    elif resume_from == RESUME_FROM_STORE:
+        raise ValueError("job resumes from the store but names no store_dir")
+    try:
+        result = loop.train(config, examples, None, Path(job["run_dir"]), resume_from=resume_from,
+                            on_checkpoint=uploader.submit if uploader else None)
+    finally:
+        report = uploader.drain(UPLOAD_DRAIN_S) if uploader else None
     record = {
         "pid": os.getpid(),
         "status": result.status,
@@ -58,7 +81,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         "checkpoint_path": str(result.checkpoint_path),
         "checkpoint_sha256": result.checkpoint_sha256,
         "elapsed_s": result.elapsed_s,
-        "resumed_from": job["resume_from"],
+        "resumed_from": resume_from,
+        "restored_from_store_step": restored_step,
+        "uploaded": report.uploaded if report else [],
+        "upload_failed": report.failed if report else [],
     }
     write_json_atomic(Path(job["result_path"]), record)
     return record

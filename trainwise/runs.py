@@ -9,9 +9,13 @@ The `checkpoint` asset and the tests call `run_training`. In order:
 4. train: every checkpoint is uploaded as soon as it is durable (`CheckpointUploader`); a run
    folder that holds checkpoints of an unfinished run (preempted, killed) is resumed from its
    last good checkpoint instead of starting at step 0;
-5. ingest the telemetry into DuckDB, drain the uploads, log the run to MLflow. A service that
-   fails here never fails a finished training: the checkpoint stays on disk and the summary's
-   `pending` says what to redo;
+   The MLflow run opens as training starts and `trainwise.mlflow_live` streams the telemetry
+   into it while the loop trains (the loop itself never talks to MLflow);
+5. ingest the telemetry into DuckDB, drain the uploads, close the MLflow run (final metrics,
+   figure, decision table, real end time and status; a completed run's checkpoint becomes a
+   version of the registered model `trainwise-<partition>`). A service that fails here never
+   fails a finished training: the checkpoint stays on disk and the summary's `pending` says
+   what to redo;
 6. a run that did not complete (preempted, stopped, migrated) raises `RunInterruptedError`
    after all of the above, so no caller can take a partial model for a finished one.
 """
@@ -21,13 +25,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from controllers.fast_types import FastPolicy, NoOpFastPolicy
-from trainwise import preflight, settings, tracking
+from trainwise import mlflow_live, preflight, settings, tracking
 from trainwise.object_store import ObjectStore
 
 FAST_POLICIES = ("noop", "heuristic")
@@ -144,28 +149,6 @@ def fast_policy(name: str) -> FastPolicy:
     raise ValueError(f"unknown fast policy {name!r}; valid: {', '.join(FAST_POLICIES)}")
 
 
-def step_metrics(events: list[dict[str, Any]]) -> list[tuple[int, dict[str, float]]]:
-    """MLflow metrics along the steps, from the run's telemetry records."""
-    rows: list[tuple[int, dict[str, float]]] = []
-    for event in events:
-        if event["type"] == "step":
-            rows.append((event["step"], {
-                "losses/train": event["train_loss"],
-                "charts/tokens": event["tokens_seen"],
-                "charts/samples": event["samples_seen"],
-                "charts/learning_rate": event["learning_rate"],
-                "charts/micro_batch_size": event["micro_batch_size"],
-                "cost/usd": event["cost_usd"],
-            }))
-        elif event["type"] == "eval":
-            values = {"losses/eval": event["eval_loss"]}
-            if event.get("eval_accuracy") is not None:
-                values["eval/accuracy"] = event["eval_accuracy"]
-            rows.append((event["step"], values))
-    return [(step, {k: float(v) for k, v in values.items() if v is not None})
-            for step, values in rows]
-
-
 def plot_cost_vs_loss(events: list[dict[str, Any]], path: Path) -> Path | None:
     """Eval loss against dollars spent: the picture a user opens first in MLflow."""
     import matplotlib
@@ -188,6 +171,24 @@ def plot_cost_vs_loss(events: list[dict[str, Any]], path: Path) -> Path | None:
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def _mlflow_params(request: TrainRequest, config: Any, data_fingerprint: str, curriculum: Any,
+                   policy_name: str, price: float, resumed_step: int | None) -> dict[str, Any]:
+    """The MLflow params of a run: what it trained with (immutable; live changes are metrics)."""
+    return {
+        **{f"train/{k}": v for k, v in asdict(config).items()},
+        "data/partition": request.partition,
+        "data/fingerprint": data_fingerprint,
+        "curriculum/version": curriculum.version,
+        "curriculum/pruning_rate": curriculum.pruning_rate,
+        "policy/fast": policy_name,
+        "policy/slow": "slow_policy_sensor" if request.data_selection == "dynamic" else "none",
+        "data/selection": request.data_selection,
+        "cloud/instance_type": request.instance_type,
+        "cloud/price_usd_per_hour": price,
+        "resume/from_step": -1 if resumed_step is None else resumed_step,
+    }
 
 
 def control_path(state_dir: Path, run_id: str) -> Path:
@@ -368,6 +369,7 @@ def run_training(
     progress: bool = False,
     preflight_timeout_s: float = preflight.DEFAULT_TIMEOUT_S,
     upload_timeout_s: float = UPLOAD_DRAIN_TIMEOUT_S,
+    mlflow_interval_s: float = mlflow_live.DEFAULT_INTERVAL_S,
 ) -> RunSummary:
     """Trains (or resumes) one run; see the module docstring for the order of things.
 
@@ -426,79 +428,90 @@ def run_training(
 
     uploader = CheckpointUploader(store, key_prefix=f"checkpoints/{request.partition}/"
                                                     f"{request.run_id}")
+    # The MLflow run opens now and follows the telemetry while the loop trains (never inside it).
+    live = mlflow_live.LiveRun(mlflow_live.LiveRunSpec(
+        tracking_uri=tracking_uri, experiment=experiment,
+        run_name=f"{request.partition}-{request.run_id[:8]}",
+        params=_mlflow_params(request, config, examples.fingerprint, curriculum, policy.name,
+                              price, resumed_step),
+        tags={"dagster_run_id": request.run_id, "trainwise/training_run_id": request.run_id,
+              "partition": request.partition},
+        telemetry_dir=run_dir / "telemetry" / request.run_id,
+        consumption_path=run_dir / "telemetry" / request.run_id / "consumption.jsonl",
+        control_path=control_path(state_dir, request.run_id) if pruning else None,
+        proposal_path=(control_path(state_dir, request.run_id).with_name("control.pending.json")
+                       if pruning else None)),
+        interval_s=mlflow_interval_s).start()
     try:
         result = loop.train(config, examples, curriculum, run_dir, fast_policy=policy,
                             progress=progress, pruning=pruning, resume_from=resume_from,
                             on_checkpoint=uploader.submit)
-    except BaseException:
+    except BaseException as error:
+        live.abort(error)
         # The checkpoints written so far still go out (briefly): a crash loses no more.
         uploader.drain(min(upload_timeout_s, 10.0))
         raise
+    train_end_s = time.time()
+    live.stop()
 
-    # 5. Record it everywhere; a failing service leaves the checkpoint and a pending note.
-    pending: list[str] = []
+    # A crash while recording (not a failing service: those are pending notes) still closes
+    # the MLflow run instead of leaving it RUNNING.
     try:
-        events = reader.read_run_events(result.telemetry_dir)
-    except (ValueError, OSError) as error:  # a damaged segment must not fail the training
-        events = []
-        pending.append(f"reading telemetry for MLflow failed: {error}")
-    # The checkpoint first (it is what a preempted node must save within its notice), then
-    # the telemetry, then MLflow.
-    checkpoint_path = Path(result.checkpoint_path)
-    checkpoint_uri, failures = _upload_result(uploader.drain(upload_timeout_s), checkpoint_path)
-    if checkpoint_uri is None:
-        checkpoint_uri = checkpoint_path.resolve().as_uri()
-        why = "; ".join(failures) or f"not uploaded within {upload_timeout_s:.0f} s"
-        pending.append(f"checkpoint upload failed ({why}); the checkpoint is kept at "
-                       f"{checkpoint_path}")
-    elif failures:
-        pending.append(f"earlier checkpoint uploads failed: {'; '.join(failures)}")
-    ingested, ingest_pending = _ingest(result.telemetry_dir, Path(duckdb_path), run_dir,
-                                       request.run_id)
-    if ingest_pending:
-        pending.append(ingest_pending)
+        # 5. Record it everywhere; a failing service leaves the checkpoint and a pending note.
+        pending: list[str] = []
+        try:
+            events = reader.read_run_events(result.telemetry_dir)
+        except (ValueError, OSError) as error:  # a damaged segment must not fail the training
+            events = []
+            pending.append(f"reading telemetry for MLflow failed: {error}")
+        # The checkpoint first (it is what a preempted node must save within its notice), then
+        # the telemetry, then MLflow.
+        checkpoint_path = Path(result.checkpoint_path)
+        checkpoint_uri, failures = _upload_result(uploader.drain(upload_timeout_s), checkpoint_path)
+        if checkpoint_uri is None:
+            checkpoint_uri = checkpoint_path.resolve().as_uri()
+            why = "; ".join(failures) or f"not uploaded within {upload_timeout_s:.0f} s"
+            pending.append(f"checkpoint upload failed ({why}); the checkpoint is kept at "
+                           f"{checkpoint_path}")
+        elif failures:
+            pending.append(f"earlier checkpoint uploads failed: {'; '.join(failures)}")
+        ingested, ingest_pending = _ingest(result.telemetry_dir, Path(duckdb_path), run_dir,
+                                           request.run_id)
+        if ingest_pending:
+            pending.append(ingest_pending)
 
-    plot = plot_cost_vs_loss(events, run_dir / "eval_loss_vs_cost.png")
-    final = {
-        "final/eval_loss": result.final_eval_loss,
-        "final/eval_accuracy": result.final_eval_accuracy,
-        "final/cost_usd": result.cost_usd,
-        "final/tokens": result.tokens_seen,
-        "final/samples": result.samples_seen,
-        "final/wall_s": result.elapsed_s,
-    }
-    # A run preempted before its first eval has no eval loss: skip it, never log None.
-    final = {k: v for k, v in final.items() if v is not None}
-    mlflow_run_id, mlflow_where = "", ""
-    try:
-        mlflow_run_id = tracking.log_run(tracking_uri, tracking.RunRecord(
-            experiment=experiment,
-            run_name=f"{request.partition}-{request.run_id[:8]}",
-            params={
-                **{f"train/{k}": v for k, v in asdict(config).items()},
-                "data/partition": request.partition,
-                "data/fingerprint": examples.fingerprint,
-                "curriculum/version": curriculum.version,
-                "curriculum/pruning_rate": curriculum.pruning_rate,
-                "policy/fast": policy.name,
-                "policy/slow": ("slow_policy_sensor" if request.data_selection == "dynamic"
-                                else "none"),
-                "data/selection": request.data_selection,
-                "cloud/instance_type": request.instance_type,
-                "cloud/price_usd_per_hour": price,
-                "resume/from_step": -1 if resumed_step is None else resumed_step,
-            },
-            step_metrics=step_metrics(events),
-            final_metrics=final,
-            tags={"dagster_run_id": request.run_id, "partition": request.partition,
-                  "trainwise/status": result.status},
-            artifacts=[p for p in (plot, request_path) if p is not None],
-        ))
-        mlflow_where = tracking.run_url(tracking_uri, mlflow_run_id)
-    except Exception as error:  # noqa: BLE001 - the trained checkpoint outlives MLflow
-        pending.append(f"MLflow logging to {tracking_uri} failed ({type(error).__name__}: "
-                       f"{error}); the run's figures are kept in {run_dir}")
-        warnings.warn(pending[-1], stacklevel=2)
+        plot = plot_cost_vs_loss(events, run_dir / "eval_loss_vs_cost.png")
+        final = {
+            "final/eval_loss": result.final_eval_loss,
+            "final/eval_accuracy": result.final_eval_accuracy,
+            "final/cost_usd": result.cost_usd,
+            "final/tokens": result.tokens_seen,
+            "final/samples": result.samples_seen,
+            "final/wall_s": result.elapsed_s,
+        }
+        # A run preempted before its first eval has no eval loss: skip it, never log None.
+        final = {k: v for k, v in final.items() if v is not None}
+        mlflow_run_id, mlflow_where = "", ""
+        checkpoint_tags = {"checkpoint_sha256": result.checkpoint_sha256,
+                           "curriculum_version": curriculum.version,
+                           "training_run_id": request.run_id, "partition": request.partition,
+                           "checkpoint_uri": checkpoint_uri}
+        try:
+            mlflow_run_id = live.finish(
+                result.status, end_time_s=train_end_s, final_metrics=final,
+                artifacts=[p for p in (plot, request_path) if p is not None],
+                decisions_path=run_dir / mlflow_live.DECISIONS_NAME,
+                model=mlflow_live.ModelToRegister(mlflow_live.model_name(request.partition),
+                                                  checkpoint_path, checkpoint_tags))
+            mlflow_where = tracking.run_url(tracking_uri, mlflow_run_id)
+        except Exception as error:  # noqa: BLE001 - the trained checkpoint outlives MLflow
+            mlflow_run_id = live.run_id or ""
+            pending.append(f"MLflow logging to {tracking_uri} failed ({type(error).__name__}: "
+                           f"{error}); the run's figures are kept in {run_dir}")
+            warnings.warn(pending[-1], stacklevel=2)
+    except BaseException as error:
+        live.abort(error)
+        raise
     summary = RunSummary(
         run_id=request.run_id,
         partition=request.partition,

@@ -48,6 +48,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TRAINWISE_DEMO_PARTITION", "", "data partition of the demo; empty = tinyshakespeare, "
             "or pystdlib when the shared data is missing"),
     Setting("TRAINWISE_TORCH_THREADS", "1", "torch intra-op threads in the trainer"),
+    Setting("TRAINWISE_PROVIDER", "emulated", "compute provider of cloud.providers: emulated | aws"),
+    Setting("TRAINWISE_EC2_ENDPOINT_URL", "", "EC2 endpoint override (moto_server in tests); empty = AWS"),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}

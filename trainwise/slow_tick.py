@@ -4,12 +4,20 @@ The Dagster sensor (`sensors/slow_policy.py`) calls `decide` on its interval. Th
 built from the live telemetry files of the partition's latest training run (the trainer never
 talks to a database, and the files are what is current while it trains) and from the latest
 difficulty scores. A run that has finished for good (completed or failed) is not steered.
+
+A decision never touches a running job directly: it is a proposal (a new curriculum whose
+candidate carries the live change). Only when the curriculum gate has passed does
+`apply_live_change` hand the rate to the running job, and only under the automatic-approval rule
+(`live_change_rule`, a file a person switches with `set_live_change_rule`, e.g. from the UI's
+`live_change_rule` job). With the rule off, or a change larger than it allows, the change waits
+as a pending proposal next to the run's control file. Every outcome is recorded.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +36,10 @@ from controllers.slow_types import (
 from telemetry.reader import read_run_events
 
 FINISHED = {"completed", "failed"}
+RULE_PATH = ("governance", "live_change_rule.json")
+# The default rule: a sensor's change of a running job goes live once its gate passed, if the
+# rate moves by at most this much (a bigger jump waits for a person).
+DEFAULT_MAX_AUTO_RATE_CHANGE = 0.25
 
 
 @dataclass(frozen=True)
@@ -115,16 +127,67 @@ def decide(state_dir: Path, partition: str,
     return SlowTick(partition, run_id, action, current_pruning_rate=current.pruning_rate)
 
 
-def steer_live_run(state_dir: Path, tick: SlowTick, rate: float) -> Path | None:
-    """Hand the decided rate to the live run through its control file (dynamic pruning only)."""
+def live_change_rule(state_dir: Path) -> dict[str, Any]:
+    """The automatic-approval rule for live changes (default: on, up to 0.25 of rate change)."""
+    path = state_dir.joinpath(*RULE_PATH)
+    if not path.is_file():
+        return {"auto_approve": True, "max_rate_change": DEFAULT_MAX_AUTO_RATE_CHANGE,
+                "set_by": "default", "why": "trainwise default"}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def set_live_change_rule(state_dir: Path, *, auto_approve: bool, set_by: str, why: str,
+                         max_rate_change: float = DEFAULT_MAX_AUTO_RATE_CHANGE) -> dict[str, Any]:
+    """Switch the rule (recorded: who, why, when, in the rule file and its history)."""
+    from training._data_io import atomic_write_json
+
+    if not set_by.strip() or not why.strip():
+        raise ValueError("switching the live-change rule needs `set_by` and `why` (recorded)")
+    if not 0.0 <= max_rate_change < 1.0:
+        raise ValueError(f"max_rate_change={max_rate_change!r} must be in [0, 1)")
+    rule = {"auto_approve": bool(auto_approve), "max_rate_change": float(max_rate_change),
+            "set_by": set_by, "why": why, "set_at_s": time.time()}
+    path = state_dir.joinpath(*RULE_PATH)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, rule)
+    with open(path.with_name("live_change_rule_history.jsonl"), "a", encoding="utf-8") as log:
+        log.write(json.dumps(rule, sort_keys=True) + "\n")
+    return rule
+
+
+def apply_live_change(state_dir: Path, partition: str, change: dict[str, Any],
+                      published_version: str) -> dict[str, Any]:
+    """After the gate published `published_version`, hand `change` ({"run_id", "pruning_rate",
+    "reason", "from_rate"}) to the running job if the rule approves it; else leave it pending.
+    The outcome is recorded in the partition's curriculum history and returned."""
+    from training import curriculum as curriculum_lib
+    from training._data_io import atomic_write_json
     from training.dynamic_pruning import write_pruning_control
     from trainwise.runs import control_path
 
-    if tick.run_id is None or tick.action is None:
-        return None
-    request_path = state_dir / "runs" / tick.run_id / "request.json"
-    request = json.loads(request_path.read_text())
+    run_id, rate = change["run_id"], float(change["pruning_rate"])
+    rule = live_change_rule(state_dir)
+    record: dict[str, Any] = {"event": "live_change", "run_id": run_id, "pruning_rate": rate,
+                              "curriculum_version": published_version, "rule": rule}
+    request_path = state_dir / "runs" / run_id / "request.json"
+    request = json.loads(request_path.read_text()) if request_path.is_file() else {}
+    from_rate = change.get("from_rate")
+    moved = abs(rate - float(from_rate)) if from_rate is not None else 0.0
     if request.get("data_selection") != "dynamic":
-        return None
-    return write_pruning_control(control_path(state_dir, tick.run_id), pruning_rate=rate,
-                                 reason=f"slow_policy_sensor: {tick.action.reason}")
+        record["status"] = "not applicable: the run does not prune dynamically"
+    elif not rule["auto_approve"]:
+        record["status"] = "pending: automatic approval is off"
+    elif moved > rule["max_rate_change"] + 1e-9:
+        record["status"] = (f"pending: the rate moves {moved:.2f}, more than the rule's "
+                            f"{rule['max_rate_change']:.2f}")
+    else:
+        write_pruning_control(control_path(state_dir, run_id), pruning_rate=rate,
+                              reason=f"slow_policy_sensor via gate ({published_version}): "
+                                     f"{change.get('reason', '')}")
+        record["status"] = "applied"
+        record["approved_by"] = f"auto-approval rule set by {rule['set_by']}"
+    if record["status"].startswith("pending"):
+        atomic_write_json(control_path(state_dir, run_id).with_name("control.pending.json"),
+                          record)
+    curriculum_lib.append_history(state_dir / "curricula" / partition, record)
+    return record

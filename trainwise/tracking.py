@@ -255,7 +255,7 @@ def _slug(name: str) -> str:
 
 
 @contextmanager
-def _no_inner_http_retries() -> Iterator[None]:
+def no_inner_http_retries() -> Iterator[None]:
     """MLflow's own HTTP retries wait ~4 minutes per call on a dead server (7 tries, factor 2):
     turn them down while we log, so our bounded backoff is the only one (unless a user set them)."""
     wanted = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
@@ -269,24 +269,37 @@ def _no_inner_http_retries() -> Iterator[None]:
             os.environ.pop(name, None)
 
 
-def _experiment_id(client: Any, tracking_uri: str, record: RunRecord, call: Callable) -> str:
-    experiment = call(client.get_experiment_by_name, record.experiment)
+def mlflow_caller(tracking_uri: str, backoff: Backoff | None = None,
+                  sleep: Callable[[float], object] = time.sleep) -> Callable[..., Any]:
+    """`call(method, *args, **kwargs)`: one MLflow client call, retried on connection errors with
+    `backoff`; after that ServiceUnreachableError names the URI and TRAINWISE_MLFLOW_URI."""
+    def call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return retry(lambda: method(*args, **kwargs), backoff=backoff, sleep=sleep,
+                     what=f"MLflow {method.__name__} at {scrub_value(tracking_uri)} (check the "
+                          f"server, or set {URI_SETTING})")
+    return call
+
+
+def experiment_id(client: Any, tracking_uri: str, name: str, artifact_root: Path | None,
+                  call: Callable) -> str:
+    """The id of experiment `name`, created (typed as model training) when it does not exist."""
+    experiment = call(client.get_experiment_by_name, name)
     root = None if _is_http(tracking_uri) else (
-        record.artifact_root or default_artifact_root(tracking_uri))
+        artifact_root or default_artifact_root(tracking_uri))
     if experiment is None:
-        location = (Path(root).resolve() / _slug(record.experiment)).as_uri() if root else None
+        location = (Path(root).resolve() / _slug(name)).as_uri() if root else None
         try:
-            return call(client.create_experiment, record.experiment,
+            return call(client.create_experiment, name,
                         artifact_location=location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         except Exception as error:  # created meanwhile by a concurrent run: use that one
             if "already exists" not in str(error).lower():
                 raise
-            experiment = call(client.get_experiment_by_name, record.experiment)
+            experiment = call(client.get_experiment_by_name, name)
     if root and not str(experiment.artifact_location).startswith(Path(root).resolve().as_uri()):
         # MLflow cannot move an experiment's artifact location; say where they go instead.
         LOG.warning("MLflow experiment %r keeps its artifacts in %s (made by an older trainwise "
                     "or another tool), not under %s; rename or delete that experiment to move "
-                    "them", record.experiment, experiment.artifact_location, root)
+                    "them", name, experiment.artifact_location, root)
     if experiment.lifecycle_stage == "deleted":
         call(client.restore_experiment, experiment.experiment_id)
     if EXPERIMENT_KIND_TAG not in (experiment.tags or {}):
@@ -310,16 +323,13 @@ def log_run(tracking_uri: str, record: RunRecord, *, artifact_root: Path | None 
     if artifact_root is not None:
         record = dataclasses.replace(record, artifact_root=artifact_root)
 
-    def call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return retry(lambda: method(*args, **kwargs), backoff=backoff, sleep=sleep,
-                     what=f"MLflow {method.__name__} at {scrub_value(tracking_uri)} (check the "
-                          f"server, or set {URI_SETTING})")
-
-    with _no_inner_http_retries():
+    call = mlflow_caller(tracking_uri, backoff, sleep)
+    with no_inner_http_retries():
         client = MlflowClient(tracking_uri=tracking_uri)
-        experiment_id = _experiment_id(client, tracking_uri, record, call)
+        experiment = experiment_id(client, tracking_uri, record.experiment, record.artifact_root,
+                                   call)
         tags = scrub_params(record.tags)
-        run = call(client.create_run, experiment_id, run_name=scrub_value(record.run_name),
+        run = call(client.create_run, experiment, run_name=scrub_value(record.run_name),
                    tags=tags)
         run_id = run.info.run_id
         try:

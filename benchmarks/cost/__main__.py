@@ -41,8 +41,11 @@ reference GPU-hours of work kept / billed GPU-hours (stragglers lower it).
 Rules for every policy: a gang of N nodes in one zone runs only whole; any change of the node set
 costs a 0.1 h changeover (launch + restore), billed; a checkpoint save of 60 s every hour of
 training; a 120 s spot notice in which the job saves; deadlines are rounded down to whole ticks.
-Multi-node markets: 16 nodes = 4 independent pools, each the 4-node trace shifted by 0, 1, 2
-and 3 days (availability 0..16); the window length shrinks by 3 days accordingly. Multi-zone
+Multi-node markets: SYNTHETIC (their folder reads "synthetic: ..." in every table, never
+pooled with a recorded market): 16 nodes = 4 pools, each the 4-node trace shifted by 0, 1, 2
+and 3 days (availability 0..16); the window length shrinks by 3 days accordingly. Zones of one
+folder are paired by tick index from each file's first tick: no shipped collection.toml records
+start times (the loader aligns zones by real start time when one does). Multi-zone
 scenarios: the zones of one folder with the same node shape; each zone in turn is the home zone
 (single-zone policies stay there; skypilot_failover moves). Prices: p3.2xlarge on-demand 3.06 and
 spot 0.9731 USD/h (the Can't Be Late paper); other types AWS list price and the June 2025 Spot

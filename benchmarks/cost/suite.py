@@ -6,8 +6,10 @@ Settings (each a job shape on some trace folders):
   the paper. The same job runs on every 1-node trace folder; the K80 and 8-GPU traces of the
   2022-10 folder price their own instance type (list price, spot from the Spot Advisor saving).
 - `multi_node`: 16 x p3.2xlarge in one synchronous gang, 640 GPU-h of work, a 52 h deadline, on
-  the 4-node trace scaled to 16 nodes as 4 independent pools: the zone's availability at tick i
-  is the sum of the 4-node trace at ticks i, i+1 d, i+2 d, i+3 d (`scaled_availability`).
+  a SYNTHETIC market: the 4-node trace scaled to 16 nodes as 4 pools: the zone's availability at
+  tick i is the sum of the 4-node trace at ticks i, i+1 d, i+2 d, i+3 d (`scaled_availability`).
+  Its scenarios' folder reads "synthetic: ..." in every table. A collection that records
+  `node_count` nodes per file is used as recorded instead; any other cluster size is refused.
   Stragglers (mean slowest-of-16 inflation from the Alibaba traces) and node faults (from the
   InfiniteHBD fault log, seeded per scenario) are on.
 
@@ -39,10 +41,6 @@ from cloud.policy_registry import make_policy, policy_names
 from cloud.prices import (
     CANT_BE_LATE_ON_DEMAND_USD_PER_HOUR,
     CANT_BE_LATE_SPOT_USD_PER_HOUR,
-    instance_for_trace,
-    instance_type,
-    on_demand_price,
-    spot_price_from_advisor,
 )
 from cloud.risk_fit import AvailabilityHistory, fit_risk_model, folder_histories
 from cloud.simulator import ClusterRules, JobSpec, Market, market_from_traces, simulate
@@ -71,7 +69,9 @@ class Setting:
     checkpoint_save_s: float = 60.0
     checkpoint_interval_s: float = 3600.0
     notice_s: float = 120.0
-    # The multi-node market: copies of a trace, shifted by `copy_offset_s` each.
+    # A SYNTHETIC market for a gang larger than the recorded cluster: `copies` copies of a trace
+    # recording node_count / copies nodes, shifted by `copy_offset_s` each. Not used on a
+    # collection that records node_count nodes itself (that one runs as recorded).
     copies: int = 1
     copy_offset_s: int = 0
     stragglers: bool = False
@@ -96,7 +96,8 @@ SINGLE_NODE = Setting(
 )
 MULTI_NODE = Setting(
     name="multi_node",
-    title="16 x p3.2xlarge gang, 640 GPU-h of work, 52 h deadline (4-node trace x 4 pools)",
+    title="16 x p3.2xlarge gang, 640 GPU-h of work, 52 h deadline, SYNTHETIC market (4-node "
+    "trace x 4 pools shifted 1 d)",
     folders=(MULTI_NODE_FOLDER,),
     node_count=16,
     train_h=40.0,
@@ -123,6 +124,9 @@ class Scenario:
     oracle_key: tuple  # scenarios with the same key share one oracle
     seed: int
     deadline_h: float
+    # The collection the market comes from (`folder` is the label tables show: "synthetic: ..."
+    # for a synthetic market); the risk model's prior leaves this one out.
+    source_folder: str = ""
     # The whole market the window was cut from (all zones of the folder and node shape): policies
     # that learn from history may read it before `start_tick` only (see `policy_for`).
     trace_market: Market | None = None
@@ -136,33 +140,68 @@ class ZoneGroup:
     instance_type: str
     gpus_per_node: int
     market: Market
+    # What tables call it: the folder, or "synthetic: ..." for a synthetic market.
+    label: str = ""
 
 
-def trace_prices(trace: SpotTrace, instance: str) -> tuple[float, float]:
-    """(spot, on-demand) USD per node-hour: the paper's prices on p3.2xlarge, else list price and
-    the Spot Advisor saving for the zone's region."""
-    if instance == "p3.2xlarge":
+def trace_prices(trace: SpotTrace) -> tuple[float, float]:
+    """(spot, on-demand) USD per node-hour: prices stated in the collection when it has them;
+    else the paper's prices on p3.2xlarge, else the loader's list price and Spot Advisor saving
+    for the zone's region."""
+    if not trace.prices_from_collection and trace.instance_type == "p3.2xlarge":
         return CANT_BE_LATE_SPOT_USD_PER_HOUR, CANT_BE_LATE_ON_DEMAND_USD_PER_HOUR
-    return spot_price_from_advisor(instance, trace.region), on_demand_price(instance, trace.region)
+    return trace.spot_usd_per_hour, trace.on_demand_usd_per_hour
+
+
+def gang_market(
+    setting: Setting, folder: str, traces: list[SpotTrace]
+) -> tuple[list[np.ndarray] | None, str]:
+    """(availability replacing the traces' own, or None; the label) for `setting`'s gang.
+
+    A collection recording at least `node_count` nodes is used as recorded. A smaller one is
+    scaled only when the setting says how (copies x recorded nodes = node_count), and labelled
+    synthetic; anything else is refused rather than summed into a market of another size.
+    """
+    recorded = max(t.capacity_nodes for t in traces)
+    if setting.copies == 1 or recorded == setting.node_count:
+        if recorded < setting.node_count:
+            raise ValueError(
+                f"{folder} records {recorded}-node markets, but setting {setting.name!r} runs a "
+                f"{setting.node_count}-node gang, which spot could never hold there; use a "
+                f"collection with nodes_per_file >= {setting.node_count}, or set copies for a "
+                "labelled synthetic market"
+            )
+        return None, folder
+    if recorded * setting.copies != setting.node_count:
+        raise ValueError(
+            f"setting {setting.name!r} builds a synthetic {setting.node_count}-node market from "
+            f"{setting.copies} copies of a {setting.node_count // setting.copies}-node trace, but "
+            f"{folder} records {recorded}-node markets ({setting.copies} x {recorded} = "
+            f"{setting.copies * recorded} nodes); use copies=1 to run a {setting.node_count}-node "
+            "collection as recorded, or a collection of the size the copies expect"
+        )
+    offset = setting.copy_offset_s // traces[0].tick_s
+    availability = [scaled_availability(t.available, setting.copies, offset) for t in traces]
+    label = (
+        f"synthetic: {setting.copies} x {folder} shifted {setting.copy_offset_s / 86400:g} d"
+    )
+    return availability, label
 
 
 def zone_groups(setting: Setting, max_zones: int | None = None) -> list[ZoneGroup]:
     groups: list[ZoneGroup] = []
     for folder in setting.folders:
-        for shape, traces in group_by_shape(load_folder(folder)).items():
+        for traces in group_by_shape(load_folder(folder)).values():
             traces = traces[:max_zones] if max_zones else traces
-            instance = instance_for_trace(folder, f"{traces[0].zone}_{shape}.json")
-            prices = [trace_prices(t, instance) for t in traces]
-            availability = None
-            if setting.copies > 1:
-                offset = setting.copy_offset_s // traces[0].tick_s
-                availability = [
-                    scaled_availability(t.available, setting.copies, offset) for t in traces
-                ]
+            prices = [trace_prices(t) for t in traces]
+            availability, label = gang_market(setting, folder, traces)
             market = market_from_traces(
                 traces, tuple(p[0] for p in prices), tuple(p[1] for p in prices), availability
             )
-            groups.append(ZoneGroup(folder, instance, instance_type(instance).gpus, market))
+            first = traces[0]
+            groups.append(
+                ZoneGroup(folder, first.instance_type, first.gpus_per_node, market, label)
+            )
     return groups
 
 
@@ -214,7 +253,8 @@ def build_scenarios(
             for zone in window.zones:
                 base = {
                     "setting": setting,
-                    "folder": group.folder,
+                    "folder": group.label or group.folder,
+                    "source_folder": group.folder,
                     "instance_type": group.instance_type,
                     "home_zone": zone,
                     "start_tick": start,
@@ -324,7 +364,8 @@ def risk_model_for(scenario: Scenario) -> PreemptionRiskModel:
     market = scenario.trace_market
     if market is None:
         raise ValueError("scenario has no trace_market to fit a risk model on")
-    key = (scenario.setting.name, scenario.folder, scenario.instance_type, scenario.start_tick)
+    source = scenario.source_folder or scenario.folder
+    key = (scenario.setting.name, source, scenario.instance_type, scenario.start_tick)
     if key not in _RISK_MODELS:
         target = AvailabilityHistory(
             f"{scenario.folder}/{scenario.instance_type}",
@@ -334,7 +375,7 @@ def risk_model_for(scenario: Scenario) -> PreemptionRiskModel:
             max(1, int(market.spot_available.max())),
             market.trace_start_s,
         )
-        prior = [h for folder in ALL_FOLDERS if folder != scenario.folder
+        prior = [h for folder in ALL_FOLDERS if folder != source
                  for h in _folder_histories(folder)]
         _RISK_MODELS[key] = fit_risk_model(target, scenario.start_tick, prior)
     return _RISK_MODELS[key]

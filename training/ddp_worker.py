@@ -1,0 +1,150 @@
+"""torchrun entry point: one rank of a data-parallel `training.loop.train` run.
+
+    torchrun --nproc_per_node=2 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:29500 \\
+        -m training.ddp_worker spec.json
+
+Across machines the same command runs on each node with `--nnodes=N` and the rendezvous
+endpoint of one of them (torchrun's c10d backend); the checkpoint folder must then be on storage
+every node reads (rank 0 writes it, every rank resumes from it).
+
+The spec (JSON) names everything a rank needs, the same file for all ranks:
+  examples        "module:function" returning the ExampleSet (every rank builds the same one)
+  examples_kwargs keyword arguments of that function
+  config          TrainConfig fields; "model" is a GPTConfig/CNNConfig dict with "kind"
+  out_dir, resume_from, stop_after_steps
+  policy          {"kind": "noop" | "fixed_shares" | "stragglers" | "heuristic", "shares": [...]}
+  slowdown        {"rank": R, "factors": [...]}: rank R's compute is stretched by factors[step %
+                  len] (benchmarks: delays replayed from straggler traces)
+  micro_batch_ms  emulated device milliseconds per micro batch (benchmarks)
+  result_dir      each rank writes rank<R>.json there (TrainResult as JSON)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from controllers.fast_heuristic import HeuristicFastPolicy
+from controllers.fast_types import FastAction, FastObservation, FastPolicy, NoOpFastPolicy
+from controllers.stragglers import StragglerBalancer, StragglerConfig
+from training import distributed
+from training.loop import TrainConfig, train
+from training.model import CNNConfig, GPTConfig
+
+
+class FixedSharesPolicy:
+    """Keeps batch and learning rate, hands out fixed shares (tests of uneven shares)."""
+
+    name = "fixed_shares"
+
+    def __init__(self, shares: Sequence[float]) -> None:
+        self.shares = tuple(float(s) for s in shares)
+
+    def act(self, observation: FastObservation) -> FastAction:
+        return FastAction(
+            micro_batch_size=observation.micro_batch_size,
+            grad_accum_steps=observation.grad_accum_steps,
+            learning_rate=observation.learning_rate, rank_work_shares=self.shares,
+            reason=f"fixed shares {self.shares}",
+        )
+
+
+class StragglerSharesPolicy:
+    """Only the fast layer's straggler part (controllers.stragglers): shares from measured
+    per-rank speed, batch and learning rate kept; the benchmark isolates re-balancing with it."""
+
+    name = "stragglers"
+
+    def __init__(self, config: StragglerConfig | None = None) -> None:
+        self.balancer = StragglerBalancer(config)
+
+    def act(self, observation: FastObservation) -> FastAction:
+        decision = self.balancer.update(observation.rank_step_time_ms)
+        return FastAction(
+            micro_batch_size=observation.micro_batch_size,
+            grad_accum_steps=observation.grad_accum_steps,
+            learning_rate=observation.learning_rate, rank_work_shares=decision.shares,
+            reason=decision.reason, numbers={"predicted_gain": decision.predicted_gain},
+        )
+
+
+def build_policy(spec: dict[str, Any]) -> FastPolicy:
+    kind = spec.get("kind", "noop")
+    if kind == "noop":
+        return NoOpFastPolicy()
+    if kind == "fixed_shares":
+        return FixedSharesPolicy(spec["shares"])
+    if kind == "stragglers":
+        return StragglerSharesPolicy(StragglerConfig(**spec.get("config", {})))
+    if kind == "heuristic":
+        return HeuristicFastPolicy()
+    raise ValueError(f"policy kind {kind!r} unknown; use noop, fixed_shares, stragglers, heuristic")
+
+
+def build_config(values: dict[str, Any]) -> TrainConfig:
+    values = dict(values)
+    model = values.pop("model", None)
+    if model is not None:
+        model = dict(model)
+        kind = model.pop("kind")
+        model = GPTConfig(**model) if kind == "gpt" else CNNConfig(**model)
+    return TrainConfig(**values, model=model)
+
+
+def model_spec(config: GPTConfig | CNNConfig) -> dict[str, Any]:
+    """The spec's "model" entry for a model config."""
+    kind = "gpt" if isinstance(config, GPTConfig) else "cnn"
+    return {"kind": kind, **dataclasses.asdict(config)}
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) != 1:
+        print("usage: torchrun ... -m training.ddp_worker SPEC.json", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[0]).read_text())
+    ctx = distributed.init_from_env()
+    rank = ctx.rank if ctx else 0
+    module, _, function = spec["examples"].partition(":")
+    examples = getattr(importlib.import_module(module), function)(
+        **spec.get("examples_kwargs", {})
+    )
+    slowdown = None
+    slow = spec.get("slowdown")
+    if slow and int(slow["rank"]) == rank:
+        factors = [float(f) for f in slow["factors"]]
+        slowdown = lambda step: factors[step % len(factors)]  # noqa: E731
+    emulation = None
+    if slowdown is not None or spec.get("micro_batch_ms"):
+        emulation = distributed.Emulation(micro_batch_ms=float(spec.get("micro_batch_ms", 0.0)),
+                                          slowdown=slowdown)
+    try:
+        result = train(
+            build_config(spec["config"]), examples, None, spec["out_dir"],
+            fast_policy=build_policy(spec.get("policy", {})),
+            resume_from=spec.get("resume_from"), stop_after_steps=spec.get("stop_after_steps"),
+            emulation=emulation,
+        )
+        record = {k: str(v) if isinstance(v, Path) else v
+                  for k, v in dataclasses.asdict(result).items()}
+    except Exception as error:  # noqa: BLE001 - recorded for the caller, then the exit code
+        record = {"error": f"{type(error).__name__}: {error}",
+                  "traceback": traceback.format_exc()}
+    if spec.get("result_dir"):
+        out = Path(spec["result_dir"])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"rank{rank}.json").write_text(json.dumps(record, indent=1))
+    if ctx is not None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return 1 if "error" in record else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
