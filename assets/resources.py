@@ -5,9 +5,10 @@ The code location builds them with `launchpad_resources()`: each field that is a
 the value comes from (not ''), and the defaults are applied in one place, `apply_setting_defaults`
 (each documented default of `trainwise.settings` put into the environment unless already set).
 A setting whose default is "derived" (empty: the DuckDB file, the MLflow store and the S3 bucket
-default to places under the state folder) is an EnvVar when the variable is set, else '' and the
-resource derives it when used. A resource built by hand with no arguments (tests, headless runs)
-falls back to the settings when used, as before.
+default to places under the state folder) is an EnvVar too: `apply_setting_defaults` sets it to
+'' when unset (Dagster refuses an EnvVar of an unset variable, not an empty one), and the
+resource derives the place when used. A resource built by hand with no arguments (tests,
+headless runs) falls back to the settings when used, as before.
 """
 
 from __future__ import annotations
@@ -98,16 +99,19 @@ _CLASSES = {"state": StateResource, "telemetry_store": TelemetryStoreResource,
 
 def apply_setting_defaults() -> None:
     """The one place defaults reach Dagster: every setting with a non-empty documented default
-    that is unset (or empty) in the environment gets that default, so an EnvVar resolves."""
+    that is unset (or empty) in the environment gets that default, and every other unset one
+    gets '' (a derived default), so each EnvVar resolves."""
     for setting in settings.SETTINGS:
         if setting.default and not os.environ.get(setting.name):
             os.environ[setting.name] = setting.default
+        else:
+            os.environ.setdefault(setting.name, "")
 
 
 def _value(name: str) -> str:
-    if os.environ.get(name):
-        return dg.EnvVar(name)
-    return ""  # a derived default: the resource works it out from the state folder when used
+    # Always the EnvVar: the Launchpad shows the variable, never a bare '' (an empty value is a
+    # derived default the resource works out from the state folder when used).
+    return dg.EnvVar(name)
 
 
 def launchpad_resources() -> dict[str, dg.ConfigurableResource]:

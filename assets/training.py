@@ -40,6 +40,13 @@ class TrainRunConfig(dg.Config):
     data_selection: Literal["static", "dynamic"] = "static"
     """static (the curriculum as built) | dynamic (InfoBatch per epoch, rate steered live by the
     slow-policy sensor through the run's control file)."""
+    market: Literal["on_demand", "spot"] = "on_demand"
+    """Market of the run's nodes at the compute provider (TRAINWISE_PROVIDER, emulated by
+    default); the slow-policy sensor may move the run later (checkpoint, release, launch, resume)."""
+    zone: str = ""
+    """Zone of the run's nodes; empty = the provider's first zone in TRAINWISE_REGION."""
+    nodes: int = 1
+    """Nodes launched and billed for the run (its ranks run here; see trainwise/gang.py)."""
 
 
 def mlflow_link(tracking_uri: str, where: str) -> dg.MetadataValue:
@@ -58,10 +65,12 @@ def mlflow_link(tracking_uri: str, where: str) -> dg.MetadataValue:
 TRAINING_RUN_TAG = "trainwise/training_run_id"
 
 
-def training_run_id(context: dg.AssetExecutionContext, state_dir: Path) -> str:
+def training_run_id(context: dg.AssetExecutionContext, state_dir: Path,
+                    store: object | None = None) -> str:
     """The training run this Dagster run drives: the one of its lineage (parent, grandparent,
-    ..., root) that is unfinished and has checkpoints, so a re-execution of a preempted run
-    resumes it; else a new one named after this Dagster run."""
+    ..., root) that is unfinished and has checkpoints (in its local run folder, or committed in
+    the object store `store` when this node's state folder is new), so a re-execution of a
+    preempted or failed run resumes it; else a new one named after this Dagster run."""
     candidates: list[str] = []
     parent_id = context.run.parent_run_id
     while parent_id:
@@ -72,7 +81,8 @@ def training_run_id(context: dg.AssetExecutionContext, state_dir: Path) -> str:
         parent_id = parent.parent_run_id
     if context.run.root_run_id and context.run.root_run_id not in candidates:
         candidates.append(context.run.root_run_id)
-    return runs.resumable_run_id(state_dir, candidates) or context.run.run_id
+    return runs.resumable_run_id(state_dir, candidates, store=store,
+                                 partition=context.partition_key) or context.run.run_id
 
 
 @dg.asset(partitions_def=data_partitions, group_name="training", deps=[curriculum],
@@ -90,7 +100,8 @@ def checkpoint(
     A run that does not complete (spot preemption) fails with its checkpoint kept; re-executing
     it resumes from the last good checkpoint under the same training run id."""
     state_dir = state.path()
-    run_id = training_run_id(context, state_dir)
+    store = object_store.store()
+    run_id = training_run_id(context, state_dir, store)
     context.instance.add_run_tags(context.run.run_id, {TRAINING_RUN_TAG: run_id})
     if run_id != context.run.run_id:
         context.log.info(f"resuming training run {run_id} from its last good checkpoint")
@@ -108,7 +119,7 @@ def checkpoint(
             state_dir=state_dir,
             tracking_uri=mlflow.uri(),
             experiment=mlflow.experiment,
-            store=object_store.store(),
+            store=store,
             duckdb_path=telemetry_store.db_path(),
             progress=True,
         )

@@ -11,6 +11,9 @@ SUITES = {
     "data": "benchmarks.data",
     "emulated": "benchmarks.emulated_run",
     "faults": "benchmarks.faults.__main__",
+    "cant_be_late": "benchmarks.cant_be_late.__main__",
+    "stragglers_ddp": "benchmarks.stragglers_ddp",
+    "time_to_quality": "benchmarks.time_to_quality.__main__",
 }
 
 

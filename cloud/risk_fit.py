@@ -49,7 +49,8 @@ PROTOCOL = (
     "hazards fitted on the window's own market before the window start (all zones of the "
     "folder and node shape, ticks < start) plus, as the prior, the full traces of the other "
     "trace folders (leave-one-folder-out); zone curves shrunk toward the market pool, the pool "
-    "toward the global curve"
+    "toward the global curve; which folders and ticks a fit may see is the caller's split "
+    "(the cost suite's leave-one-collection-out and leave-time-out: benchmarks/cost/protocol.py)"
 )
 # Used when a fit has no data at all (cutoff 0 and no prior): memoryless, 2 h up, 1 h down.
 FALLBACK_MEAN_UP_S = 7200.0

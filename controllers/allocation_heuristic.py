@@ -28,12 +28,21 @@ budget that pays for waiting and for changeovers; the policy prices it:
    (hysteresis, so short runs elsewhere do not pull the job around). A composite plan (all
    zones as one process: a preempted job hops to another zone with the probability that one
    has spot) supplies the price of slack and says when to wait or stay on on-demand.
+   Launching spot must also pay for itself as a bet (issue 9, thin slack): the expected cost of
+   finishing when launching now (the spot set billed for its expected hold, changeover and
+   saves at its checkpoint interval included, then a changeover and the rest on on-demand once
+   its run ends) must beat on-demand from now (by `try_margin`); a held spot set is left for
+   on-demand (no preemption) only when riding on is expected to cost more than on-demand from
+   there, so a launch is never undone a tick later. Gangs are whole: a set of s spot nodes is
+   up while all s are (the model's level-s curves; above the fitted sizes
+   `PreemptionRiskModel.with_gang_levels`), and by default only whole-gang spot is tried.
 3. Safety net (Can't Be Late's, widened like the simulator's peers): an action that could leave
    the job unable to finish on on-demand after one more tick and a preemption is refused; when
    nothing else is safe, on-demand to the end. Gangs (N > 1) also keep a fault reserve (one
-   checkpoint interval plus a changeover) because node faults come without notice; when slack
-   gets thin they ask for shorter checkpoint intervals (`fault_room_share` of the slack left,
-   at least `min_checkpoint_interval_s`) so that the reserve shrinks with the slack.
+   checkpoint interval plus a changeover) because node faults come without notice, while a
+   fault before the end is likely enough (`fault_reserve_min_p`); when slack gets thin a spot
+   gang asks for a shorter checkpoint interval (the longest halving that leaves room), with the
+   extra saves counted in its slack. On-demand and waiting keep the job's own interval.
 
 Events (single zone, thin slack): spot (run 3 h old) -> preempted -> spot gone: on-demand (slack
 kept for later rides) -> spot back, run 2 min old: stay on on-demand (too young to pay two
@@ -95,8 +104,27 @@ class TrainwiseAllocationConfig:
     # room left (not less than `min_checkpoint_interval_s`), so a fault still fits.
     fault_room_share: float = 0.25
     min_checkpoint_interval_s: float = 900.0
-    # Spot shares of the gang tried for partial-spot node sets (N > 1).
-    spot_fractions: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25)
+    # The reserve is kept only while P(a node fault before the job is done) is at least
+    # `fault_reserve_min_p`, at `fault_rate_per_node_h` (the InfiniteHBD cluster's fault log in
+    # ../shared/data/cluster/faults: one fault per 5,679 node-hours). Below it a fault is a risk
+    # on-demand carries just the same, and reserving a whole interval for it priced short gang
+    # jobs out of spot entirely.
+    fault_rate_per_node_h: float = 1.0 / 5679.0
+    fault_reserve_min_p: float = 0.02
+    # Gangs larger than the model's fitted sizes: m groups of the largest fitted size count as
+    # m ** this many independent ones (`PreemptionRiskModel.with_gang_levels`; 0.23 read off
+    # the 4-node folder in ../shared/data, where capacity mostly goes in blocks).
+    gang_hazard_exponent: float = 0.23
+    # A spot launch's expected cost to finish must beat on-demand's by this share (0.05 cost
+    # the 40 h / 52 h 4-node gang 2.4% more on the 4-node folder, 18 windows: 0.985x vs 0.962x
+    # Uniform Progress; no change on the short gang job).
+    try_margin: float = 0.0
+    # Spot shares of the gang tried for node sets (N > 1). Whole-gang spot only by default: a
+    # preemption of any spot node relaunches the whole gang, and partial counts flap far more
+    # than whole-gang capacity (on the 4-node folder, 18 windows of the 40 h / 52 h gang: with
+    # (1, .75, .5, .25) 1.013x Uniform Progress and 38 changeovers where it paid 17; whole-gang
+    # only 0.962x). In-sample: the only real gang data in ../shared/data.
+    spot_fractions: tuple[float, ...] = (1.0,)
     # Single zone, single node: follow the slack plan (else score node sets as for many zones).
     use_plan: bool = True
     # Several zones or a gang: price slack and decide waiting with the composite plan (else with
@@ -106,10 +134,14 @@ class TrainwiseAllocationConfig:
     # the slack unit. Finer grids cost time and changed costs by under 1% on the suite.
     plan_step_s: float = 400.0
     plan_slack_unit_s: float = 120.0
+    # Plan runs age one bin per step up to this age (0: the curve's own wide bins).
+    plan_fine_age_until_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.switch_margin < 1:
             raise ValueError(f"switch_margin={self.switch_margin} must be in [0, 1)")
+        if not 0 <= self.try_margin < 1:
+            raise ValueError(f"try_margin={self.try_margin} must be in [0, 1)")
         if not 0 < self.leave_p_preempt <= 1:
             raise ValueError(f"leave_p_preempt={self.leave_p_preempt} must be in (0, 1]")
         if not self.spot_fractions or any(not 0 < f <= 1 for f in self.spot_fractions):
@@ -134,8 +166,9 @@ def bad_allocation_fields(obs: AllocationObservation) -> list[str]:
         number_problem("deadline_s", obs.deadline_s, strictly_positive=True),
         number_problem("changeover_s", obs.changeover_s),
         number_problem("checkpoint_save_s", obs.checkpoint_save_s),
-        number_problem("checkpoint_interval_s", obs.checkpoint_interval_s,
-                       strictly_positive=True),
+        # +inf is valid: no periodic saves (the Can't Be Late setting).
+        None if obs.checkpoint_interval_s == math.inf else number_problem(
+            "checkpoint_interval_s", obs.checkpoint_interval_s, strictly_positive=True),
         number_problem("notice_s", obs.notice_s),
         number_problem("changeover_left_s", obs.changeover_left_s),
         number_problem("since_checkpoint_s", obs.since_checkpoint_s),
@@ -176,8 +209,11 @@ def _plainly_usable(obs: AllocationObservation) -> bool:
     if not (n_zones and len(available) == len(spot_prices) == len(od_prices) == n_zones
             and obs.home_zone in zones and (obs.zone is None or obs.zone in zones)):
         return False
+    interval = obs.checkpoint_interval_s
+    if type(interval) is float and interval == math.inf:
+        interval = 1.0  # no periodic saves: valid (checked like any positive number otherwise)
     positive = (obs.tick_s, obs.work_total_h, obs.work_rate_gpu_h_per_h, obs.deadline_s,
-                obs.checkpoint_interval_s)
+                interval)
     values = (obs.time_s, obs.trace_time_s, obs.work_done_h, obs.work_checkpointed_h,
               obs.changeover_s, obs.checkpoint_save_s, obs.notice_s, obs.changeover_left_s,
               obs.since_checkpoint_s, obs.since_launch_s, obs.spot_nodes, obs.on_demand_nodes,
@@ -268,8 +304,10 @@ class _Situation(NamedTuple):
     budget_s: float
     mode: int  # IDLE, ON_DEMAND or SPOT (what is held now)
     holding: bool
-    # Checkpoint interval to ask for (gangs with thin slack), None to keep the one in force.
+    # Checkpoint interval a spot gang asks for (thin slack), None: the job's own interval.
     checkpoint_interval_s: float | None = None
+    # The job's own interval (on-demand and waiting go back to it).
+    base_interval_s: float = math.inf
 
 
 class TrainwiseAllocationPolicy:
@@ -290,6 +328,9 @@ class TrainwiseAllocationPolicy:
         self._plan: SlackPlan | None = None
         self._plan_key: tuple | None = None
         self._levels_by_n: dict[int, tuple[int, ...]] = {}
+        self._base_interval: float | None = None
+        self._base_model = self.model
+        self._gang_models: dict[int, PreemptionRiskModel] = {}
 
     def act(self, observation: AllocationObservation) -> AllocationAction:
         # The detailed check only when the fast one is not sure (same result, ~10x cheaper).
@@ -299,6 +340,11 @@ class TrainwiseAllocationPolicy:
             problems.append(f"node_count={n!r} is not an int >= 1")
         if problems:
             return _fallback(observation, problems)
+        if n > 1 and n not in self._gang_models:
+            # Gangs above the model's fitted sizes: whole-gang curves (N-node survival).
+            self._gang_models[n] = self._base_model.with_gang_levels(
+                self._levels(n), self.config.gang_hazard_exponent)
+        self.model = self._gang_models.get(n, self._base_model)
         return self._decide(observation)
 
     # Shared pieces ------------------------------------------------------------------------------
@@ -310,37 +356,71 @@ class TrainwiseAllocationPolicy:
             levels = self._levels_by_n[n] = tuple(sorted(found, reverse=True))
         return levels
 
+    def _base_interval_s(self, obs: AllocationObservation) -> float:
+        """The job's own checkpoint interval (the one in force at its first tick, set in
+        `_decide`): what on-demand and waiting use; only a spot gang with thin slack asks for a
+        shorter one."""
+        return obs.checkpoint_interval_s if self._base_interval is None else self._base_interval
+
     def _situation(self, obs: AllocationObservation) -> _Situation:
         cfg, n, c = self.config, obs.node_count, obs.changeover_s
         run_s = obs.remaining_run_s
-        saves_s = math.floor(run_s / obs.checkpoint_interval_s) * obs.checkpoint_save_s
-        slack_s = obs.time_left_s - (c + run_s + saves_s)
+        base_s = self._base_interval_s(obs)
+
+        def slack_with(interval_s: float) -> float:
+            saves_s = math.floor(run_s / interval_s) * obs.checkpoint_save_s
+            return obs.time_left_s - (c + run_s + saves_s)
+
         # What a spot gang can lose before the next decision (as the peers' `spot_risk_s`).
         if obs.checkpoint_save_s <= obs.notice_s:
             risk_s = obs.tick_s + obs.checkpoint_save_s
         else:
             unsaved_h = (obs.work_done_h - obs.work_checkpointed_h) / obs.work_rate_gpu_h_per_h
             risk_s = obs.tick_s + unsaved_h * 3600.0
+        interval_s = base_s
         fault_s = cfg.fault_reserve_s
-        interval_s = None
-        if fault_s is None and n > 1:
-            # A fault loses up to one checkpoint interval plus a restart. When slack gets thin,
-            # checkpoint more often (down to `min_checkpoint_interval_s`) so that the reserve
-            # shrinks with it instead of forcing on-demand early.
-            room_s = slack_s - risk_s - c
-            interval_s = min(obs.checkpoint_interval_s,
-                             max(cfg.min_checkpoint_interval_s, cfg.fault_room_share * room_s))
+        p_fault = -math.expm1(-n * cfg.fault_rate_per_node_h * run_s / 3600.0)
+        if fault_s is None and n > 1 and p_fault >= cfg.fault_reserve_min_p:
+            # A node fault (no notice) loses up to one checkpoint interval plus a restart: the
+            # reserve. A shorter interval shrinks the reserve but adds saves, which eat slack
+            # too; both are counted with the interval that would be in force (asking for one
+            # interval while reckoning slack with another made a launch pass the net and the
+            # next tick's saves push it under: the launch-then-on-demand flip of issue 9).
+            interval_s = self._spot_interval_s(base_s, risk_s, c, slack_with)
             fault_s = interval_s + c
-            if interval_s >= obs.checkpoint_interval_s:
-                interval_s = None
         fault_s = fault_s or 0.0
+        slack_s = slack_with(interval_s)
         holding = obs.zone is not None and obs.spot_nodes + obs.on_demand_nodes == n
         mode = IDLE
         if holding:
             mode = SPOT if obs.spot_nodes > 0 else ON_DEMAND
         paid_s = c - obs.changeover_left_s if mode == ON_DEMAND else 0.0
         net_s = risk_s + fault_s
-        return _Situation(slack_s, net_s, slack_s + paid_s - net_s, mode, holding, interval_s)
+        return _Situation(slack_s, net_s, slack_s + paid_s - net_s, mode, holding,
+                          interval_s if interval_s < base_s else None, base_s)
+
+    def _spot_interval_s(self, base_s: float, risk_s: float, c: float, slack_with) -> float:
+        """The checkpoint interval a spot gang rides with: the job's own while the room above
+        the net (slack minus risk, changeover and fault reserve, saves counted) is at least
+        `1 / fault_room_share - 1` reserves; else the longest halving (down to
+        `min_checkpoint_interval_s`) that has that room; else the one that leaves most room."""
+        cfg = self.config
+        need = 1.0 / cfg.fault_room_share - 1.0
+        candidates = [base_s] if math.isfinite(base_s) else []
+        interval = min(base_s, 4 * 3600.0)
+        while interval > cfg.min_checkpoint_interval_s:
+            interval /= 2.0
+            candidates.append(max(interval, cfg.min_checkpoint_interval_s))
+        if not candidates:
+            return base_s
+        best, best_room = candidates[0], -math.inf
+        for interval_s in candidates:
+            room = slack_with(interval_s) - risk_s - c - interval_s
+            if room >= need * interval_s:
+                return interval_s
+            if room > best_room:
+                best, best_room = interval_s, room
+        return best
 
     def _solve(self, obs: AllocationObservation, sit: _Situation, zone: str, zones: int,
                hop_probability: float, spot_usd_per_h: float, od_usd_per_h: float) -> SlackPlan:
@@ -358,15 +438,23 @@ class TrainwiseAllocationPolicy:
                 changeover_s=obs.changeover_s, save_s=obs.checkpoint_save_s,
                 spot_usd_per_h=spot_usd_per_h, on_demand_usd_per_h=od_usd_per_h,
                 slack_unit_s=max(self.config.plan_slack_unit_s, max_slack / MAX_PLAN_SLACK_LEVELS),
-                hop_probability=hop_probability, zones=zones)
+                hop_probability=hop_probability, zones=zones,
+                fine_age_until_s=self.config.plan_fine_age_until_s)
             self._plan = solve_plan(self.model, zone, obs.node_count, inputs)
             self._plan_key = key
         return self._plan
 
     def _decide(self, obs: AllocationObservation) -> AllocationAction:
         n = obs.node_count
+        last_s = self._tracker.last_time_s
+        if self._base_interval is None or last_s is None or obs.time_s < last_s:
+            self._base_interval = obs.checkpoint_interval_s  # a new job (or a rerun)
         self._tracker.update(obs, self._levels(n), self.model)
         sit = self._situation(obs)
+        return self._with_interval(obs, sit, self._decide_in(obs, sit))
+
+    def _decide_in(self, obs: AllocationObservation, sit: _Situation) -> AllocationAction:
+        n = obs.node_count
         run_s = obs.remaining_run_s
         numbers = {"slack_s": sit.slack_s, "net_s": sit.net_s, "time_left_s": obs.time_left_s,
                    "remaining_run_s": run_s}
@@ -377,14 +465,27 @@ class TrainwiseAllocationPolicy:
                                    numbers)
         if self.config.use_plan and len(obs.zones) == 1 and n == 1:
             return self._follow_plan(obs, sit, numbers)
-        action = self._score_and_plan(obs, sit, numbers)
-        if sit.checkpoint_interval_s is not None and action.checkpoint_interval_s is None:
-            action.numbers["checkpoint_interval_s"] = sit.checkpoint_interval_s
-            action = dataclasses.replace(
-                action, checkpoint_interval_s=sit.checkpoint_interval_s,
-                reason=f"{action.reason}; checkpoint every {sit.checkpoint_interval_s / 60:.0f} "
-                       "min so a node fault fits the thin slack")
-        return action
+        return self._score_and_plan(obs, sit, numbers)
+
+    @staticmethod
+    def _with_interval(obs: AllocationObservation, sit: _Situation,
+                       action: AllocationAction) -> AllocationAction:
+        """Spot gangs with thin slack checkpoint more often; on-demand and waiting go back to
+        the job's own interval (more saves there buy no safety from preemptions and bill
+        every node: the on-demand peer does not pay them either)."""
+        if action.checkpoint_interval_s is not None:
+            return action
+        if action.spot_nodes > 0 and sit.checkpoint_interval_s is not None:
+            want_s = sit.checkpoint_interval_s
+            why = f"checkpoint every {want_s / 60:.0f} min so a node fault fits the thin slack"
+        else:
+            want_s = sit.base_interval_s
+            why = f"back to the job's checkpoint interval ({want_s / 60:.0f} min)"
+        if want_s == obs.checkpoint_interval_s:
+            return action
+        action.numbers["checkpoint_interval_s"] = want_s
+        return dataclasses.replace(action, checkpoint_interval_s=want_s,
+                                   reason=f"{action.reason}; {why}")
 
     # Single zone, single node: the plan decides -------------------------------------------------
 
@@ -479,6 +580,27 @@ class TrainwiseAllocationPolicy:
         if held is not None and best is not held and (
                 best.score_usd_per_h > held.score_usd_per_h * (1.0 - cfg.switch_margin)):
             best = held  # hysteresis: a change must pay for itself by a margin
+        try_note = ""
+        held_spot = held if held is not None and held.spot > 0 else None
+        if held_spot is not None and best.spot == 0:
+            # Leaving a spot set for on-demand, with no preemption: only when riding on is
+            # expected to cost more than on-demand from here (the launch test, from the other
+            # side), so a launch is not undone a tick later by a shift in the slack price.
+            stay_usd, od_now_usd = self._try_spot_usd(obs, sit, held_spot, od, hop)
+            numbers.update(stay_spot_usd=stay_usd, on_demand_now_usd=od_now_usd)
+            if stay_usd < od_now_usd:
+                best = held_spot
+                try_note = (f"; riding on is {stay_usd:.2f} USD expected vs {od_now_usd:.2f} "
+                            "on-demand now")
+        if best.spot > 0 and not best.held:
+            # Thin slack, short jobs: launching spot must pay for its own changeovers (in, and
+            # back to on-demand when it ends) and its saves, against on-demand now.
+            try_usd, od_now_usd = self._try_spot_usd(obs, sit, best, od, hop)
+            numbers.update(try_spot_usd=try_usd, on_demand_now_usd=od_now_usd)
+            if try_usd >= od_now_usd * (1.0 - cfg.try_margin):
+                try_note = (f"; trying spot costs {try_usd:.2f} USD expected (changeover in, "
+                            f"on-demand after it ends) vs {od_now_usd:.2f} on-demand now")
+                best = od
         numbers.update(best_usd_per_h=best.score_usd_per_h, best_p_preempt=best.p_end,
                        best_expected_hold_s=best.expected_hold_s)
 
@@ -494,7 +616,7 @@ class TrainwiseAllocationPolicy:
                     f"slack thin and P(preempt within {cfg.leave_horizon_ticks:g} ticks)="
                     f"{p_soon:.2f}: leave spot for on-demand"), numbers)
 
-        plan_text = f"slack {sit.slack_s / 3600:.2f} h worth {slack_usd_per_h:.2f} USD/h"
+        plan_text = f"slack {sit.slack_s / 3600:.2f} h worth {slack_usd_per_h:.2f} USD/h{try_note}"
         if plan_action is None:
             plan_text += f": rides must last {hold_needed_s / 3600:.2f} h"
         if plan_action is not None:
@@ -524,6 +646,28 @@ class TrainwiseAllocationPolicy:
             f"{best.age_s / 60:.0f} min, P(preempt before done)={best.p_end:.2f}, "
             f"{best.score_usd_per_h:.2f} USD per hour of progress vs on-demand "
             f"{od.score_usd_per_h:.2f}; {plan_text}"), numbers)
+
+    def _try_spot_usd(self, obs: AllocationObservation, sit: _Situation, spot: _Candidate,
+                      od: _Candidate, hop: float) -> tuple[float, float]:
+        """(expected USD to finish when launching `spot` now and finishing on on-demand once
+        its run ends, USD to finish on on-demand from now). The spot set is billed for its
+        expected hold (changeover and saves at its interval included); after a preemption the
+        gang pays a changeover and the work left: on spot in another zone with the `hop`
+        probability, else on on-demand. Later rides in the same zone are not counted: with thin
+        slack there is no room for them, so this errs toward on-demand."""
+        run_s, save_s = obs.remaining_run_s, obs.checkpoint_save_s
+        spot_interval_s = sit.checkpoint_interval_s or sit.base_interval_s
+        spot_len_s = spot.launch_s + run_s + math.floor(run_s / spot_interval_s) * save_s
+        hold_s = self.model.expected_run_s(spot.zone, spot.age_s, spot_len_s,
+                                           obs.trace_time_s, spot.spot)
+        p_end = 1.0 - self.model.survival(spot.zone, spot.age_s, spot_len_s,
+                                          obs.trace_time_s, spot.spot)
+        od_usd_per_h = od.price_usd_per_h
+        after_usd_per_h = hop * spot.price_usd_per_h + (1.0 - hop) * od_usd_per_h
+        try_usd = (spot.price_usd_per_h * hold_s + after_usd_per_h * (
+            p_end * (obs.changeover_s + save_s) + max(0.0, spot_len_s - hold_s))) / 3600.0
+        od_len_s = od.launch_s + run_s + math.floor(run_s / sit.base_interval_s) * save_s
+        return try_usd, od_usd_per_h * od_len_s / 3600.0
 
     def _slack_price(self, obs: AllocationObservation, sit: _Situation, hop: float,
                      spot_usd_per_h: float, od_usd_per_h: float) -> tuple[float, float]:

@@ -56,6 +56,9 @@ class PlanInputs:
     # no zone up ends when any of `zones` zones comes back (independent zones).
     hop_probability: float = 0.0
     zones: int = 1
+    # Age bins narrower than a step up to this age, so that runs age one bin per step (the
+    # phase-type aging of wide bins lets some young runs jump to old, safe bins too soon).
+    fine_age_until_s: float = 0.0
 
 
 class SlackPlan:
@@ -184,6 +187,21 @@ class _Shift:
         return out
 
 
+def _plan_age_edges(edges: tuple[float, ...], dt_s: float, fine_until_s: float
+                    ) -> tuple[float, ...]:
+    """The curve's age edges, with every bin below `fine_until_s` split into steps of dt_s."""
+    out: list[float] = []
+    for i, lower in enumerate(edges):
+        upper = edges[i + 1] if i + 1 < len(edges) else math.inf
+        out.append(lower)
+        if upper <= fine_until_s:
+            age = lower + dt_s
+            while age < upper - 1e-9:
+                out.append(age)
+                age += dt_s
+    return tuple(out)
+
+
 def solve_plan(model: PreemptionRiskModel, zone: str, spot_nodes: int, inputs: PlanInputs
                ) -> SlackPlan:
     """Backward induction over `inputs.steps` steps; see the module docstring for the model."""
@@ -191,7 +209,7 @@ def solve_plan(model: PreemptionRiskModel, zone: str, spot_nodes: int, inputs: P
         raise ValueError(f"a plan needs steps >= 1 and dt_s > 0, got {inputs.steps}, "
                          f"{inputs.dt_s}")
     curve = model.curve(zone, spot_nodes, UP)
-    age_edges = tuple(curve.age_edges_s)
+    age_edges = _plan_age_edges(tuple(curve.age_edges_s), inputs.dt_s, inputs.fine_age_until_s)
     bins = len(age_edges)
     p, end = _transitions(model, zone, spot_nodes, inputs.dt_s, age_edges,
                           inputs.hop_probability, inputs.zones)

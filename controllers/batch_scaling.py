@@ -218,3 +218,158 @@ def scale_learning_rate(learning_rate: float, old_global_batch: int, new_global_
     if max_learning_rate is not None and scaled > max_learning_rate:
         return max_learning_rate
     return scaled
+
+
+# -- goodput (Pollux) -----------------------------------------------------------------------------
+# Qiao, Choe, Subramanya et al., "Pollux: Co-adaptive Cluster Scheduling for Goodput-Optimized Deep
+# Learning", OSDI'21, section 3: GOODPUT(M) = THROUGHPUT(M) x EFFICIENCY(M), with the statistical
+# efficiency of batch M relative to the base batch M0 taken from the gradient noise scale phi:
+#     EFFICIENCY(M) = (phi + M0) / (phi + M)
+# (progress per sample at M over progress per sample at M0; <= 1 for M >= M0). So a bigger batch
+# pays only where it is faster per sample by more than it loses in efficiency. Throughput is the
+# measured samples per second at each candidate batch on the hardware the run is on (profiled at
+# start, refreshed from the run's own step times), never assumed.
+
+
+def statistical_efficiency(batch: int, base_batch: int, noise_scale: float) -> float:
+    """Pollux's EFFICIENCY(M) = (phi + M0) / (phi + M); 1 at M0, and 1 for all M if phi is inf."""
+    if batch < 1 or base_batch < 1:
+        raise ValueError(f"batch={batch} and base_batch={base_batch} must be >= 1")
+    if not noise_scale >= 0.0:  # nan or negative: no usable estimate
+        raise ValueError(f"noise_scale={noise_scale!r} must be a number >= 0")
+    if math.isinf(noise_scale):
+        return 1.0
+    return (noise_scale + base_batch) / (noise_scale + batch)
+
+
+@dataclass(frozen=True)
+class GoodputConfig:
+    """How `GoodputBatchPolicy` chooses the global batch (examples per optimizer step)."""
+
+    base_batch: int = 32  # M0: the fixed schedule's batch, whose learning rate was tuned
+    max_batch_factor: int = 16  # candidates are M0 * 2**k up to M0 * this
+    max_micro_batch_size: int = 64  # above it the global batch is reached by accumulation
+    # A bigger batch must be faster per sample by more than this share before goodput is even
+    # considered (profiling noise must not move the batch): below it the lever is off and the
+    # noise scale is never measured, so it costs nothing.
+    min_speedup_per_sample: float = 0.10
+    # Ticks between noise-scale measurements once the lever is on; a measuring tick splits the
+    # batch into 2 micro batches for one tick (the accumulated gradient is the same). A split step
+    # costs about 35% more on a CPU (issue 12: 92 vs 68 ms), so 1 tick in 40 keeps the estimate
+    # under 1% of step time; where the global batch needs accumulation anyway it is free.
+    measure_every_ticks: int = 40
+    throughput_ema_beta: float = 0.8  # refresh of the profiled throughput at the current batch
+    lr_rule: LrRule = "sqrt"  # AdamW: square-root rule (Malladi et al. 2022)
+
+    def __post_init__(self) -> None:
+        for name in ("base_batch", "max_batch_factor", "max_micro_batch_size",
+                     "measure_every_ticks"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GoodputConfig.{name}={getattr(self, name)} must be >= 1")
+        if self.min_speedup_per_sample < 0:
+            raise ValueError("GoodputConfig.min_speedup_per_sample must be >= 0")
+        if self.lr_rule not in LR_RULE_EXPONENT:
+            raise ValueError(f"lr_rule={self.lr_rule!r}; use one of {sorted(LR_RULE_EXPONENT)}")
+
+    def candidates(self) -> list[int]:
+        out, batch = [], self.base_batch
+        while batch <= self.base_batch * self.max_batch_factor:
+            out.append(batch)
+            batch *= 2
+        return out
+
+
+@dataclass(frozen=True)
+class GoodputChoice:
+    batch: int
+    goodput: dict[int, float]  # samples/s x efficiency per candidate (empty when the lever is off)
+    lever_on: bool  # False: bigger is not faster per sample here, the batch stays M0
+    reason: str
+
+
+def choose_goodput_batch(samples_per_s: dict[int, float], noise_scale: float,
+                         config: GoodputConfig) -> GoodputChoice:
+    """argmax over candidates of THROUGHPUT(M) x EFFICIENCY(M); M0 where bigger is not faster
+    per sample by `min_speedup_per_sample`, or while the noise scale is unknown (nan)."""
+    base = config.base_batch
+    if base not in samples_per_s:
+        raise ValueError(f"throughput profile {sorted(samples_per_s)} lacks the base batch {base}; "
+                         "profile it (training._loop_step.profile_samples_per_s)")
+    measured = [b for b in config.candidates() if b in samples_per_s]
+    base_rate = samples_per_s[base]
+    best_rate = max(samples_per_s[b] for b in measured)
+    if best_rate < base_rate * (1.0 + config.min_speedup_per_sample):
+        return GoodputChoice(base, {}, False,
+                             f"bigger batches are not faster per sample here (best "
+                             f"{best_rate / base_rate:.2f}x the samples/s of batch {base}, need "
+                             f">= {1 + config.min_speedup_per_sample:.2f}x): fixed batch {base}, "
+                             "noise scale not measured")
+    if not noise_scale >= 0.0:
+        return GoodputChoice(base, {}, True, f"noise scale not estimated yet: batch {base}")
+    goodput = {b: samples_per_s[b] * statistical_efficiency(b, base, noise_scale)
+               for b in measured}
+    batch = max(goodput, key=lambda b: (goodput[b], -b))
+    return GoodputChoice(batch, goodput, True,
+                         f"goodput argmax: batch {batch} ({goodput[batch]:.0f} vs "
+                         f"{goodput[base]:.0f} efficient samples/s at {base}; noise scale "
+                         f"{noise_scale:.0f})")
+
+
+class GoodputBatchPolicy:
+    """A fast policy (controllers.fast_types.FastPolicy) that sets the batch by goodput.
+
+    Single process (one rank). `samples_per_s` is the profile measured at start; each tick
+    refreshes the entry of the batch the last steps ran at from their step time. Where the profile
+    says bigger is not faster per sample the policy returns the observation's batch, accumulation
+    and learning rate unchanged and never asks for a split: it reduces to the fixed batch and
+    costs nothing. Learning rate: lr(M) = lr(M0) x (M / M0)**p, p from `lr_rule`.
+    """
+
+    name = "goodput_batch"
+
+    def __init__(self, samples_per_s: dict[int, float], config: GoodputConfig | None = None
+                 ) -> None:
+        self.config = config or GoodputConfig()
+        self.samples_per_s = dict(samples_per_s)
+        self._estimator = GradientNoiseScaleEstimator(ema_beta=0.8)
+        self._noise = math.nan
+        self._ticks = 0
+        self.decisions: list[tuple[int, int, str]] = []  # (step, batch, reason)
+
+    def act(self, observation):  # FastObservation -> FastAction
+        from controllers.fast_types import FastAction
+
+        o = observation
+        cfg = self.config
+        current = o.micro_batch_size * o.grad_accum_steps
+        times = o.rank_step_time_ms
+        if times and 0.0 < times[0] < math.inf and current in self.samples_per_s:
+            # Refresh: the machine got faster or slower (other work, thermal, a new node). The
+            # whole profile moves by the factor seen at the current batch, so contention alone
+            # cannot make an unmeasured batch look faster per sample and switch the lever on.
+            old = self.samples_per_s[current]
+            rate = current / (times[0] / 1000.0)
+            beta = cfg.throughput_ema_beta
+            factor = (beta * old + (1 - beta) * rate) / old
+            self.samples_per_s = {b: r * factor for b, r in self.samples_per_s.items()}
+        gns = o.grad_noise_scale
+        if o.grad_accum_steps >= 2 and isinstance(gns, float) and 0.0 < gns < math.inf:
+            self._noise = gns if math.isnan(self._noise) else 0.8 * self._noise + 0.2 * gns
+        choice = choose_goodput_batch(self.samples_per_s, self._noise, cfg)
+        self._ticks += 1
+        if not choice.lever_on and current == cfg.base_batch:
+            self.decisions.append((o.step, current, choice.reason))
+            return FastAction(o.micro_batch_size, o.grad_accum_steps, o.learning_rate, (1.0,),
+                              reason=choice.reason, numbers={"global_batch": float(current)})
+        measure = choice.lever_on and self._ticks % cfg.measure_every_ticks == 1
+        micro, accum = split_global_batch(choice.batch, 1, cfg.max_micro_batch_size,
+                                          2 if measure and choice.batch >= 2 else 1)
+        new_global = micro * accum
+        lr = o.learning_rate if new_global == current else scale_learning_rate(
+            o.learning_rate, current, new_global, cfg.lr_rule)
+        reason = choice.reason + (", split in 2 to measure the noise scale" if accum >= 2
+                                  and measure else "")
+        self.decisions.append((o.step, new_global, reason))
+        return FastAction(micro, accum, lr, (1.0,), reason=reason,
+                          numbers={"global_batch": float(new_global),
+                                   "noise_scale": self._noise})

@@ -9,7 +9,11 @@ Each part has its reference in its own module:
   by the square-root rule for Adam or the linear rule for SGD);
 - shares: `controllers.stragglers` (speed-proportional shares with hysteresis);
 - preemption: `controllers.checkpointing.should_checkpoint_on_notice`, then
-  - no notice                                           -> CONTINUE
+  - no notice, last checkpoint older than Young's interval for the risk's MTBF -> CHECKPOINT_NOW
+    (the risk is P(preemption within `risk_horizon_s`) from the hazard model; under a Poisson
+    model M = -H / ln(1 - risk), and Young's T = sqrt(2 C M) with C the measured save cost: the
+    riskier the market, the older a checkpoint may grow before saving pays; risk 0 never fires)
+  - no notice otherwise                                  -> CONTINUE
   - a checkpoint can finish within the notice and the last one is too old for the notice to cover
     (or the next decision would come too late)           -> CHECKPOINT_NOW
   - a checkpoint can finish but the last one is recent   -> CONTINUE (decide again next tick)
@@ -43,7 +47,11 @@ from controllers.batch_scaling import (
     scale_learning_rate,
     split_global_batch,
 )
-from controllers.checkpointing import should_checkpoint_on_notice
+from controllers.checkpointing import (
+    mtbf_from_risk_s,
+    should_checkpoint_on_notice,
+    young_interval_s,
+)
 from controllers.fast_types import FastAction, FastObservation, PreemptionResponse
 from controllers.stragglers import StragglerBalancer, StragglerConfig
 from controllers.validation import number_problem
@@ -67,6 +75,9 @@ class FastHeuristicConfig:
     # Checkpoint cost assumed until the trainer has measured one (it sends nan before its first
     # checkpoint). Conservative: a long assumed save makes the notice rule act earlier.
     unmeasured_checkpoint_cost_s: float = 30.0
+    # The horizon the observation's preemption_risk is stated for (the slow layer's
+    # SlowObservation.risk_horizon_s, training.live_control.RISK_HORIZON_S).
+    risk_horizon_s: float = 600.0
 
 
 def _observation_ok(o: FastObservation) -> bool:
@@ -227,7 +238,17 @@ class HeuristicFastPolicy:
 
         # 3. Preemption response.
         notice = o.preemption_notice_s
-        if notice is None:
+        risk_interval_s = math.inf
+        if o.preemption_risk > 0.0 and o.checkpoint_cost_s > 0.0:
+            risk_interval_s = young_interval_s(
+                o.checkpoint_cost_s, mtbf_from_risk_s(o.preemption_risk, cfg.risk_horizon_s))
+        if notice is None and o.seconds_since_checkpoint > risk_interval_s:
+            response = PreemptionResponse.CHECKPOINT_NOW
+            preempt_reason = (f"no notice, but risk {o.preemption_risk:.2f} within "
+                              f"{cfg.risk_horizon_s:.0f}s: last checkpoint "
+                              f"{o.seconds_since_checkpoint:.1f}s ago > Young interval "
+                              f"{risk_interval_s:.1f}s: checkpoint now")
+        elif notice is None:
             response = PreemptionResponse.CONTINUE
             preempt_reason = "no notice"
         else:
@@ -256,6 +277,7 @@ class HeuristicFastPolicy:
             "min_step_ms": min(times),
             "dataloader_queue_depth": float(o.dataloader_queue_depth),
             "preemption_risk": o.preemption_risk,
+            "risk_checkpoint_interval_s": risk_interval_s,
             "seconds_since_checkpoint": o.seconds_since_checkpoint,
             "checkpoint_cost_s": o.checkpoint_cost_s,
         }

@@ -323,6 +323,60 @@ class PreemptionRiskModel:
         down = self.mean_run_s(zone, spot_nodes, DOWN)
         return up / (up + down)
 
+    def fitted_levels(self, zone: str, state: str = UP) -> tuple[int, ...]:
+        """Gang sizes with a curve of their own for (zone, state) (the pool's when the zone has
+        none)."""
+        return tuple(self._levels.get((state, zone)) or self._levels.get((state, POOLED_ZONE))
+                     or ())
+
+    def with_gang_levels(self, levels: Sequence[int], exponent: float = 0.23
+                         ) -> PreemptionRiskModel:
+        """This model plus curves for gang sizes above the largest fitted one, per zone.
+
+        A gang of N spot nodes runs only whole: it is up while all N are. Fitted levels come
+        from the recorded counts (a 4-node trace gives the 4-node gang's own curve). Above the
+        largest fitted level L, a gang of N is m = N / L groups of L. Independent groups would
+        end up runs m times as fast (survival S_L^m); real capacity goes in blocks, so the
+        groups count as k = m^rho: rho is read from the zone's own fitted levels when it has
+        several (mean up run of level 1 vs level L: S_L = S_1^(L^rho)), else `exponent` (0.23:
+        on the 4-node folder a 4-node gang's up runs last 0.73x a single node's, pooled). Its
+        long-run share is a^k (a: the group's share), so its down spells are
+        mean_up / k x (1 - a^k) / a^k long, the down hazard scaled to match. (`curve()` alone
+        reads the largest level's curve: a 16-node gang priced as if 1 node had to stay up.)
+        Levels already fitted are left as they are."""
+        curves = dict(self.curves)
+        zones = {zone for _, zone, _ in self.curves}
+        added = False
+        for zone in zones:
+            top = max(self._levels.get((UP, zone), ()) or (0,))
+            top_down = max(self._levels.get((DOWN, zone), ()) or (0,))
+            top = min(top, top_down)
+            if top < 1:
+                continue
+            up_curve, down_curve = self.curves[(UP, zone, top)], self.curves[(DOWN, zone, top)]
+            up_s, down_s = self.mean_run_s(zone, top, UP), self.mean_run_s(zone, top, DOWN)
+            share = up_s / (up_s + down_s)
+            rho = exponent
+            if top > 1 and (UP, zone, 1) in self.curves:
+                ratio = self.mean_run_s(zone, 1, UP) / up_s
+                rho = min(1.0, max(0.0, math.log(max(ratio, 1.0)) / math.log(top)))
+            for level in sorted(set(levels)):
+                if level <= top or (UP, zone, level) in curves:
+                    continue
+                k = (level / top) ** rho
+                gang_share = max(share ** k, 1e-9)
+                gang_down_s = up_s / k * (1.0 - gang_share) / gang_share
+                down_factor = down_s / max(gang_down_s, 1e-9)
+                curves[(UP, zone, level)] = _scaled(up_curve, k)
+                curves[(DOWN, zone, level)] = _scaled(down_curve, down_factor)
+                added = True
+        if not added:
+            return self
+        return PreemptionRiskModel(
+            curves, self.utc_offset_s,
+            f"{self.fitted_on}; gangs above the fitted levels: independent groups",
+            self.run_at_cutoff)
+
     # Serialization ------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
@@ -369,3 +423,9 @@ class PreemptionRiskModel:
             for state, mean_s in ((UP, mean_up_s), (DOWN, mean_down_s)):
                 curves[(state, zone, spot_nodes)] = HazardCurve((0.0,), (3600.0 / mean_s,))
         return cls(curves, fitted_on=fitted_on)
+
+
+def _scaled(curve: HazardCurve, factor: float) -> HazardCurve:
+    """`curve` with every age bin's rate times `factor` (time of day kept)."""
+    return HazardCurve(curve.age_edges_s, tuple(r * factor for r in curve.rate_per_h),
+                       curve.hour_factor, curve.events, curve.exposure_h)

@@ -2,21 +2,27 @@
 
 import dagster as dg
 
-from assets import data, training
+from assets import analytics, data, forecast, governance, training
 from assets.resources import launchpad_resources
 from pipelines.jobs import (
     curriculum_job,
     demo_job,
     live_change_rule_job,
     rollback_job,
+    schedule_approve_job,
+    schedule_propose_job,
     train_job,
 )
 from sensors.slow_policy import slow_policy_sensor
 
 defs = dg.Definitions(
-    assets=[data.data_shards, data.difficulty_scores, data.curriculum, training.checkpoint],
-    asset_checks=[data.curriculum_coverage],
-    jobs=[demo_job, train_job, curriculum_job, rollback_job, live_change_rule_job],
+    assets=[data.data_shards, data.difficulty_scores, data.curriculum, training.checkpoint,
+            governance.schedule_change, governance.approvals_asset, forecast.cost_forecast,
+            analytics.telemetry, analytics.dbt_models],
+    asset_checks=[data.curriculum_coverage, governance.schedule_approved,
+                  forecast.p90_within_budget],
+    jobs=[demo_job, train_job, curriculum_job, rollback_job, live_change_rule_job,
+          schedule_propose_job, schedule_approve_job],
     sensors=[slow_policy_sensor],
     resources=launchpad_resources(),
 )

@@ -68,7 +68,7 @@ def run_demo(partition: str = "", max_steps: int = 300) -> str:
         partition_key=partition,
         instance=instance,
         run_config={
-            "ops": {"checkpoint": {"config": {"max_steps": max_steps}}},
+            "ops": {"checkpoint": {"config": {"max_steps": max_steps, "market": "spot"}}},
             "loggers": {"console": {"config": {"log_level": "WARNING"}}},
         },
         raise_on_error=False,

@@ -63,3 +63,24 @@ def set_live_change_rule(context: dg.OpExecutionContext, config: LiveChangeRuleC
         description="Turn the automatic approval of the slow layer's live changes on or off.")
 def live_change_rule_job():
     set_live_change_rule()
+
+
+# ---- schedule changes: propose (the gate blocks until approved), approve (the gate re-runs) ----
+
+schedule_propose_job = dg.define_asset_job(
+    "schedule_propose",
+    selection=dg.AssetSelection.assets("schedule_change"),
+    description="Propose a schedule change (run config: ops.schedule_change.config); its gate "
+                "schedule_approved blocks it until an approval of its hash exists.",
+)
+
+# The approval and the gate in one run: the check depends on `approvals` (additional_deps), so
+# it runs after the approval is recorded and publishes the proposal when it passes.
+schedule_approve_job = dg.define_asset_job(
+    "schedule_approve",
+    selection=dg.AssetSelection.assets("approvals")
+    | dg.AssetSelection.checks(dg.AssetCheckKey(dg.AssetKey("schedule_change"),
+                                                "schedule_approved")),
+    description="Approve the current proposal (run config: ops.approvals.config.approver, "
+                "content_hash, comment); the gate then runs and publishes it if it passes.",
+)

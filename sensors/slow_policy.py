@@ -5,7 +5,11 @@ policy, and when the rate moved enough requests a re-materialization of that par
 curriculum. Otherwise it says why it skipped. The cursor remembers the last decision per
 partition so a decision is requested once.
 
-The decision is a proposal: the sensor writes nothing. The requested run builds a candidate
+How the run trains is applied at once (`slow_tick.apply_run_decisions`): the checkpoint
+interval and the preemption risk go to the trainer through the run's live-control file, a new
+allocation (market, zone, nodes) to the run's provider session through `allocation.json`.
+
+What the run learns from is a proposal: the requested run builds a candidate
 curriculum carrying the live change; only when its blocking check `curriculum_coverage` passes
 is the candidate published and the new rate handed to the running job, under the recorded
 automatic-approval rule (`trainwise.slow_tick.live_change_rule`, switched by the
@@ -37,6 +41,8 @@ def slow_policy_sensor(context: dg.SensorEvaluationContext):
         if tick.action is None:
             skips.append(f"{partition}: {tick.skip_reason}")
             continue
+        applied = slow_tick.apply_run_decisions(state_dir, tick)
+        context.log.info(f"{partition}: applied to run {tick.run_id}: {applied}")
         rate = round(tick.action.pruning_rate, 2)
         current = tick.current_pruning_rate if tick.current_pruning_rate is not None else -1.0
         key = f"{partition}:{tick.run_id}:{rate:.2f}"

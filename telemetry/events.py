@@ -79,6 +79,16 @@ class StepEvent(Event):
     cost_usd: float
     # "curriculum" while the curriculum's weighted subset is sampled, "anneal" at the end.
     sampler_phase: str = "curriculum"
+    # Data parallelism (torchrun): every rank writes its own step event; `rank` (on Event) says
+    # whose. A single process keeps the defaults (one rank, the whole batch, no wait), so
+    # records written before these fields read the same.
+    world_size: int = 1
+    share: float = 1.0  # this rank's share of the global batch (its micro batches / global)
+    micro_batches: int | None = None  # this rank's micro batches; None: all grad_accum_steps
+    compute_ms: float | None = None  # its forward/backward (incl. emulated delays)
+    # Waiting at the gradient all-reduce for the slowest rank: what a straggler costs the others.
+    allreduce_wait_ms: float = 0.0
+    allreduce_ms: float | None = None  # the all-reduce of the gradients itself
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,3 +216,17 @@ def event_from_record(record: dict[str, Any]) -> Event:
     cls = EVENT_TYPES[kind]
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in record.items() if k in names})
+
+
+def share_changes(
+    before: list[float] | tuple[float, ...], after: list[float] | tuple[float, ...],
+    tolerance: float = 1e-6,
+) -> list[tuple[int, float, float]]:
+    """(rank, share before, share after) of every rank whose work share a decision changed.
+
+    A different number of ranks (an elastic resize) counts every rank as changed. Used by
+    `trainwise explain` and the Prometheus exporter to say who was re-balanced."""
+    if len(before) != len(after):
+        before = [math.nan] * len(after)
+    return [(rank, float(old), float(new)) for rank, (old, new) in enumerate(zip(before, after))
+            if not abs(float(new) - float(old)) <= tolerance]  # nan (resize) counts as changed

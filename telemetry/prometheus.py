@@ -14,6 +14,12 @@ Layouts found under `runs_root` (both at once are fine):
 latest `wall_time_s`, so a resumed run that restarts from an earlier checkpoint step shows its
 current step, not the highest one ever reached.
 
+Per rank (torchrun: every rank writes its own step events, label `rank`): its last step time,
+compute time, wait at the gradient all-reduce and work share; re-balancing counted per rank and
+direction (`trainwise_rank_rebalances`, from the fast decisions that changed a share), and the
+reason of the latest one as the `reason` label of `trainwise_rank_last_rebalance_step` (one
+series per rank: the label changes, the count of series does not).
+
 References: Prometheus custom collectors,
 https://prometheus.github.io/client_python/collector/custom/ ; metric naming,
 https://prometheus.io/docs/practices/naming/ .
@@ -37,6 +43,8 @@ from typing import Any
 from prometheus_client import start_http_server
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
+
+from telemetry.events import share_changes
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +87,41 @@ class _RunFigures:
     last_end_wall_s: float = float("-inf")
     last_end_status: str | None = None
     bad_lines: int = 0
+    # rank -> its last step's figures (wall_time_s, step_time_s, compute_s, wait_s, share)
+    ranks: dict[int, dict[str, float | None]] = field(default_factory=dict)
+    shares: list[float] = field(default_factory=list)  # the latest fast decision's shares
+    rebalances: Counter[tuple[int, str]] = field(default_factory=Counter)  # (rank, up/down)
+    last_rebalance: dict[int, tuple[int, str]] = field(default_factory=dict)  # rank: (step, why)
+
+    def _apply_rank_step(self, record: dict[str, Any], wall_s: float) -> None:
+        rank = _int(record.get("rank"))
+        if rank is None:
+            return
+        previous = self.ranks.get(rank)
+        if previous is not None and wall_s < (previous["wall_time_s"] or float("-inf")):
+            return
+        seconds = {key: (None if (ms := _number(record.get(key))) is None else ms / 1000.0)
+                   for key in ("step_time_ms", "compute_ms", "allreduce_wait_ms")}
+        share = _number(record.get("share"))
+        self.ranks[rank] = {"wall_time_s": wall_s, "step_time_s": seconds["step_time_ms"],
+                            "compute_s": seconds["compute_ms"],
+                            "wait_s": seconds["allreduce_wait_ms"],
+                            "share": 1.0 if share is None else share}
+
+    def _apply_shares(self, record: dict[str, Any]) -> None:
+        action = record.get("action")
+        shares = action.get("rank_work_shares") if isinstance(action, dict) else None
+        if not isinstance(shares, list) or len(shares) < 2:
+            return
+        new = [float(x) for x in shares if _number(x) is not None]
+        if len(new) != len(shares):
+            return
+        before = self.shares or [1.0 / len(new)] * len(new)
+        for rank, old, after in share_changes(before, new):
+            self.rebalances[(rank, "down" if after < old else "up")] += 1
+            self.last_rebalance[rank] = (_int(record.get("step")) or 0,
+                                         str(record.get("reason", "")))
+        self.shares = new
 
     @property
     def finished(self) -> bool:
@@ -92,6 +135,7 @@ class _RunFigures:
         wall_s = _number(record.get("wall_time_s"))
         wall_s = float("-inf") if wall_s is None else wall_s
         if kind == "step":
+            self._apply_rank_step(record, wall_s)
             if wall_s < self.last_step_wall_s:
                 return  # an older rank's line read after a newer one
             self.last_step_wall_s = wall_s
@@ -109,6 +153,8 @@ class _RunFigures:
                 self.eval_loss = _number(record.get("eval_loss"))
         elif kind == "decision":
             self.decisions_by_layer[str(record.get("layer", ""))] += 1
+            if record.get("layer") == "fast":
+                self._apply_shares(record)
         elif kind == "checkpoint":
             self.checkpoints_by_reason[str(record.get("reason", ""))] += 1
         elif kind == "preemption":
@@ -310,6 +356,41 @@ class TelemetryCollector(Collector):
             finished.add_metric(labels, 1.0 if run.finished else 0.0)
             bad_lines.add_metric(labels, run.bad_lines)
         yield from (decisions, checkpoints, preemptions, finished, bad_lines)
+        yield from TelemetryCollector._rank_families(runs)
+
+    @staticmethod
+    def _rank_families(runs: list[_RunFigures]) -> Iterator[Metric]:
+        labels = (*_LABELS, "rank")
+        gauges = {
+            "step_time_s": ("trainwise_rank_step_time_seconds",
+                            "Wall time of the rank's last step (waits included)."),
+            "compute_s": ("trainwise_rank_compute_seconds",
+                          "Forward/backward time of the rank's micro batches, last step."),
+            "wait_s": ("trainwise_rank_allreduce_wait_seconds",
+                       "Time the rank waited for the slowest rank at the all-reduce, last step."),
+            "share": ("trainwise_rank_share", "The rank's share of the global batch, last step."),
+        }
+        for key, (name, documentation) in gauges.items():
+            family = GaugeMetricFamily(name, documentation, labels=labels)
+            for run in runs:
+                for rank, figures in sorted(run.ranks.items()):
+                    if figures[key] is not None:
+                        family.add_metric([run.run_id, run.partition, str(rank)],
+                                          float(figures[key]))  # type: ignore[arg-type]
+            yield family
+        moved = CounterMetricFamily(
+            "trainwise_rank_rebalances", "Fast decisions that changed the rank's work share.",
+            labels=(*labels, "direction"))
+        last = GaugeMetricFamily(
+            "trainwise_rank_last_rebalance_step",
+            "Step of the latest decision that changed the rank's share; reason in the label.",
+            labels=(*labels, "reason"))
+        for run in runs:
+            for (rank, direction), count in sorted(run.rebalances.items()):
+                moved.add_metric([run.run_id, run.partition, str(rank), direction], count)
+            for rank, (step, reason) in sorted(run.last_rebalance.items()):
+                last.add_metric([run.run_id, run.partition, str(rank), reason], step)
+        yield from (moved, last)
 
 
 def serve(

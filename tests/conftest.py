@@ -23,5 +23,7 @@ def _private_state(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("trainwise_home")
     monkeypatch.setenv("TRAINWISE_HOME", str(home))
     monkeypatch.setenv("HF_HOME", str(home / "hf"))
+    # Empty, not deleted: '' is the derived default, and the code location's resources read
+    # these through dg.EnvVar, which refuses an unset variable.
     for name in ("TRAINWISE_MLFLOW_URI", "TRAINWISE_S3_BUCKET", "TRAINWISE_DUCKDB_PATH"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")

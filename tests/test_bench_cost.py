@@ -1,4 +1,6 @@
-"""The cost suite end to end in its quick form: files written, oracle never beaten."""
+"""The cost suite end to end in its quick form (minutes, so `slow`): files written, headlines only
+out of sample with intervals and independent-window counts, synthetic apart, oracle never beaten.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ def quick_run(tmp_path_factory):
     return status, out
 
 
+@pytest.mark.slow
 def test_quick_suite_writes_table_json_and_plot(quick_run):
     status, out = quick_run
     assert status == 0
@@ -29,17 +32,35 @@ def test_quick_suite_writes_table_json_and_plot(quick_run):
     assert document["meta"]["command"].startswith("python -m benchmarks.cost --quick")
     assert document["meta"]["machine"]["cpu_count"] >= 1
     assert set(document["policies"]) == POLICIES
-    kinds = {(r["setting"], r["kind"]) for r in document["summary"]}
-    assert kinds == {
-        (s, k) for s in ("single_node", "multi_node") for k in ("single_zone", "multi_zone")
-    }
+    headline = document["headline"]
+    cells = {(r["protocol"], r["setting"], r["kind"], r["synthetic"]) for r in headline}
+    real = {(p, s, k, False) for p in ("leave_one_collection_out", "leave_time_out")
+            for s in ("single_node", "gang_4node") for k in ("single_zone", "multi_zone")}
+    synthetic = {("leave_one_collection_out", "multi_node", k, True)
+                 for k in ("single_zone", "multi_zone")}
+    assert cells == real | synthetic
+    for row in headline:
+        assert row["independent_windows"] <= row["windows"]
+        for figure in ("trainwise_mean_usd", "vs_uniform_progress", "vs_oracle"):
+            cell = row[figure]
+            assert cell["low"] is None or cell["low"] <= cell["value"] <= cell["high"]
+    # Cells never mix prices: the 2022-10 folder's four instance types are four cells.
+    types = {r["instance_type"] for r in headline
+             if r["collection"] == "availability-1node-aws-2022-10"}
+    assert types == {"p2.xlarge", "p2.8xlarge", "p3.2xlarge", "p3.16xlarge"}
+    for row in document["policy_rows"]:
+        assert row["worst_vs_on_demand"] is not None and row["deadline_misses"] >= 0
     markdown = (out / "cost.md").read_text()
-    assert "Can't Be Late setting" in markdown and "| uniform_progress |" in markdown
-    assert "Does uniform_progress beat greedy_spot" in markdown
+    headlines, synthetic_part = markdown.split("## SYNTHETIC market", 1)
+    assert "## Headline, leave-one-collection-out" in headlines
+    assert "## Headline, leave-time-out" in headlines
+    assert "synthetic:" not in headlines and "synthetic: 4 x" in synthetic_part
+    assert "in_sample" not in markdown and "| uniform_progress |" in markdown
     assert (out / "cost_vs_slack.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert document["timing"]["full_trace_s"].keys() == POLICIES
 
 
+@pytest.mark.slow
 def test_oracle_is_at_most_every_policy_in_every_scenario(quick_run):
     _, out = quick_run
     document = json.loads((out / "cost.json").read_text())
@@ -56,16 +77,9 @@ def test_oracle_is_at_most_every_policy_in_every_scenario(quick_run):
                 scenario["folder"],
                 scenario["home_zone"],
             )
-    oracle_rows = [r for r in document["summary"] if r["policy"] == "oracle"]
-    for row in oracle_rows:
-        others = [
-            r
-            for r in document["summary"]
-            if (r["setting"], r["kind"]) == (row["setting"], row["kind"])
-            and r["policy"] != "oracle"
-            and r["deadlines_met"] == 1.0
-        ]
-        assert all(row["mean_usd"] <= r["mean_usd"] + 1e-6 for r in others)
+    for row in document["policy_rows"]:
+        if row["deadline_misses"] == 0:
+            assert row["vs_oracle_mean_of_ratios"]["value"] >= 1.0 - 1e-6, row["policy"]
 
 
 def test_unknown_policy_is_refused(tmp_path):

@@ -219,3 +219,13 @@ def test_the_slow_layer_keeps_nodes_without_a_market_and_survives_a_wrong_one():
     action = c.on_slow_tick(wrong, now_s=600.0)
     assert action.allocation is None and action.reason.startswith("fallback:")
     assert "AllocationObservation" in c.decision_log.of_layer("slow")[-1].reason
+
+
+def test_no_periodic_saves_is_a_valid_interval_not_bad_input():
+    # The Can't Be Late scenario runs with checkpoint_interval_s=inf (no saves); the policy used
+    # to take it for bad input and sit on on-demand for the whole window.
+    action = TrainwiseAllocationPolicy().act(observation(checkpoint_interval_s=math.inf,
+                                                         checkpoint_save_s=0.0))
+    assert not action.reason.startswith("fallback:"), action.reason
+    action = TrainwiseAllocationPolicy().act(observation(checkpoint_interval_s=-math.inf))
+    assert action.reason.startswith("fallback:") and "checkpoint_interval_s" in action.reason

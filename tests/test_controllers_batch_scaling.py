@@ -132,3 +132,133 @@ def test_config_rejects_bad_bounds():
         BatchScalingConfig(min_global_batch=64, max_global_batch=32)
     with pytest.raises(ValueError, match="lr_rule"):
         BatchScalingConfig(lr_rule="cubic")  # type: ignore[arg-type]
+
+
+# -- goodput (Pollux) ---------------------------------------------------------------------------
+from controllers.batch_scaling import (  # noqa: E402
+    GoodputBatchPolicy,
+    GoodputConfig,
+    choose_goodput_batch,
+    statistical_efficiency,
+)
+from controllers.fast_types import FastObservation  # noqa: E402
+
+# Fake throughput profiles (samples/s). GPU-like: per-sample time falls with the batch until the
+# device is full. CPU-like (this machine): per-sample time is flat or rises.
+GPU_LIKE = {32: 1000.0, 64: 1900.0, 128: 3400.0, 256: 5000.0}
+CPU_LIKE = {32: 1000.0, 64: 1010.0, 128: 980.0, 256: 950.0}
+GOODPUT = GoodputConfig(base_batch=32, max_batch_factor=8, max_micro_batch_size=64)
+
+
+def fast_obs(**changes) -> FastObservation:
+    values = dict(step=100, elapsed_s=10.0, train_loss=2.0, grad_norm=1.0,
+                  grad_noise_scale=math.nan, micro_batch_size=32, grad_accum_steps=1,
+                  learning_rate=1e-3, rank_step_time_ms=(32.0,), dataloader_queue_depth=0,
+                  preemption_notice_s=None, preemption_risk=0.0, seconds_since_checkpoint=1.0,
+                  checkpoint_cost_s=0.1)
+    values.update(changes)
+    return FastObservation(**values)
+
+
+def test_statistical_efficiency_is_pollux_formula():
+    assert statistical_efficiency(32, 32, 100.0) == 1.0
+    assert statistical_efficiency(128, 32, 100.0) == pytest.approx(132 / 228)
+    assert statistical_efficiency(128, 32, math.inf) == 1.0
+
+
+def test_goodput_picks_a_bigger_batch_where_it_is_faster_per_sample_and_noise_is_large():
+    choice = choose_goodput_batch(GPU_LIKE, noise_scale=2000.0, config=GOODPUT)
+    assert choice.lever_on and choice.batch == 256
+    # Small noise scale: a big batch wastes samples, so goodput stays at the base batch.
+    assert choose_goodput_batch(GPU_LIKE, noise_scale=1.0, config=GOODPUT).batch == 32
+
+
+def test_goodput_reduces_to_the_fixed_batch_where_bigger_is_not_faster_per_sample():
+    choice = choose_goodput_batch(CPU_LIKE, noise_scale=1e9, config=GOODPUT)
+    assert not choice.lever_on and choice.batch == 32
+    assert "not faster per sample" in choice.reason
+
+
+def test_goodput_policy_on_cpu_like_profile_changes_nothing_and_never_splits():
+    policy = GoodputBatchPolicy(CPU_LIKE, GOODPUT)
+    for step in range(0, 2000, 10):  # 200 ticks, noise scale reported huge
+        observation = fast_obs(step=step, grad_noise_scale=1e6)
+        action = policy.act(observation)
+        # Cost nothing: same batch, no accumulation split (no noise measurement), same lr.
+        assert (action.micro_batch_size, action.grad_accum_steps, action.learning_rate) == (
+            32, 1, 1e-3)
+
+
+def test_goodput_policy_on_gpu_like_profile_measures_then_grows_with_sqrt_lr():
+    policy = GoodputBatchPolicy(GPU_LIKE, GOODPUT)
+    first = policy.act(fast_obs())
+    assert (first.micro_batch_size, first.grad_accum_steps) == (16, 2)  # split to measure
+    assert first.learning_rate == 1e-3
+    grown = policy.act(fast_obs(micro_batch_size=16, grad_accum_steps=2, grad_noise_scale=3000.0,
+                                rank_step_time_ms=(32.0,)))
+    assert grown.micro_batch_size * grown.grad_accum_steps == 256
+    assert grown.learning_rate == pytest.approx(1e-3 * math.sqrt(256 / 32))
+
+
+def test_goodput_refresh_cannot_switch_the_lever_on_from_contention():
+    policy = GoodputBatchPolicy(CPU_LIKE, GOODPUT)
+    for _ in range(20):  # the machine is 3x slower than at profiling (other work)
+        policy.act(fast_obs(rank_step_time_ms=(96.0,)))
+    assert not choose_goodput_batch(policy.samples_per_s, 1e9, GOODPUT).lever_on
+
+
+def test_noise_scale_is_measured_only_on_due_steps():
+    import torch
+
+    from training._loop_step import GradNoiseScale, train_step
+
+    class Sampler:
+        phase = "full"
+
+        def next_batch(self, size, step):
+            import numpy as np
+            return np.arange(size), np.ones(size)
+
+        def observe_losses(self, positions, losses):
+            pass
+
+    class Examples:
+        kind = "image"
+        inputs = torch.randn(8, 1, 28, 28).numpy()
+        labels = torch.randint(0, 10, (8,)).numpy()
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(28 * 28, 10)
+
+        def forward(self, x, y, reduction="mean"):
+            logits = self.fc(x.reshape(len(x), -1))
+            return logits, torch.nn.functional.cross_entropy(logits, y, reduction=reduction)
+
+    model = Tiny()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    noise = GradNoiseScale(every_steps=5)
+    for step in range(10):
+        outcome = train_step(model=model, optimizer=optimizer, sampler=Sampler(),
+                             examples=Examples(), step=step, learning_rate=0.1, micro_batch_size=4,
+                             grad_accum_steps=2, grad_clip=1.0, noise_scale=noise)
+        assert outcome.cpu_s >= 0.0
+    assert noise.updates == 2  # steps 0 and 5 only
+
+
+def test_throughput_profile_stops_where_a_bigger_batch_is_not_faster_per_sample():
+    import torch
+
+    from tests.test_data_pruning_draw import synthetic_examples
+    from training._loop_step import profile_samples_per_s
+    from training.model import CNNConfig, build_model
+
+    examples = synthetic_examples(n=300, kind="image")
+    model = build_model("cnn", CNNConfig(channels_1=2, channels_2=2, hidden=4))
+    before = [p.detach().clone() for p in model.parameters()]
+    # No batch is 10x faster per sample than half its size: only the first two are profiled.
+    profile = profile_samples_per_s(model, examples, [8, 16, 32, 64], stop_below_speedup=9.0)
+    assert sorted(profile) == [8, 16] and all(rate > 0 for rate in profile.values())
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert all(p.grad is None for p in model.parameters())

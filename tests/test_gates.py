@@ -8,7 +8,7 @@ import dagster as dg
 import pytest
 
 from assets import data
-from assets.resources import StateResource
+from assets.resources import StateResource, TelemetryStoreResource
 from pipelines.definitions import defs
 from training import curriculum as curriculum_lib
 from trainwise import settings
@@ -152,7 +152,26 @@ def test_resources_show_their_env_vars_with_defaults_applied(monkeypatch):
     assert config["mlflow"]["tracking_uri"] == dg.EnvVar("TRAINWISE_MLFLOW_URI")
     assert config["object_store"]["prefix"] == dg.EnvVar("TRAINWISE_S3_PREFIX")
     assert os.environ["TRAINWISE_S3_PREFIX"] == "trainwise"  # the documented default, applied
-    assert resources["object_store"].bucket == ""  # derived default: a local folder
+    # A derived default (no bucket: a local folder) is an EnvVar too, set to '' so it resolves.
+    assert config["object_store"]["bucket"] == dg.EnvVar("TRAINWISE_S3_BUCKET")
+    assert os.environ["TRAINWISE_S3_BUCKET"] == ""
+
+
+def test_resources_resolve_derived_defaults_at_run_time(monkeypatch, tmp_path):
+    """An EnvVar set to '' resolves, and the resource derives its place from the state folder
+    of the run's environment (not of the moment the code location loaded)."""
+    from assets.resources import launchpad_resources
+
+    monkeypatch.delenv("TRAINWISE_DUCKDB_PATH", raising=False)
+    resources = launchpad_resources()
+    monkeypatch.setenv("TRAINWISE_HOME", str(tmp_path / "later"))
+
+    @dg.asset
+    def where(telemetry_store: TelemetryStoreResource) -> str:
+        return str(telemetry_store.db_path())
+
+    result = dg.materialize([where], resources=resources)
+    assert result.output_for_node("where") == str(tmp_path / "later" / "trainwise.duckdb")
 
 
 def test_fast_policy_and_data_selection_are_choices_checked_by_the_schema():

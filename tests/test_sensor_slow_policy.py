@@ -137,3 +137,55 @@ def test_sensor_holds_rate_when_eval_loss_regresses(instance):
     assert not result.run_requests
     assert "regressed" in result.skip_message
     assert not (settings.home_dir() / "runs" / "live-run-2" / "control.json").exists()
+
+
+def _gang_record(run_id: str, market: str, reclaims: int) -> None:
+    """What the run's provider session records (trainwise.gang): the nodes it holds."""
+    run_dir = settings.home_dir() / "runs" / run_id
+    (run_dir / "gang.json").write_text(json.dumps({
+        "provider": "emulated", "market": market, "zone": "us-east-1a", "nodes": 1,
+        "reclaims": reclaims, "allocation": {"market": market, "zone": "us-east-1a",
+                                             "nodes": 1, "reason": "test", "source": "request"}}))
+
+
+def test_sensor_hands_checkpoint_interval_risk_and_allocation_to_the_live_run(instance):
+    from controllers.allocation_types import AllocationAction
+    from controllers.slow_heuristic import HeuristicSlowPolicy
+    from training.live_control import read_live_control
+    from trainwise import gang
+
+    assert defs.resolve_job_def("demo").execute_in_process(
+        partition_key="pystdlib", instance=instance,
+        run_config={"ops": {"curriculum": {"config": {"pruning_rate": 0.0}},
+                            "checkpoint": {"config": {"max_steps": 2}}}}).success
+    # A spot run that was reclaimed twice: its hazard sets the risk and the interval.
+    _live_run("live-spot", steps=200, losses=[3.0, 2.6])
+    _gang_record("live-spot", "spot", reclaims=2)
+    _evaluate(instance)
+    control = read_live_control(settings.home_dir() / "runs" / "live-spot" / "live_control.json")
+    assert control.source == "slow_policy" and control.checkpoint_interval_s > 0
+    assert 0.0 < control.preemption_risk < 1.0
+    assert control.checkpoint_interval_s < 1e6, "a finite Young/Daly interval from the hazard"
+    spot_risk = control.preemption_risk
+
+    # The same run on demand: no reclaim risk handed to the trainer.
+    _gang_record("live-spot", "on_demand", reclaims=0)
+    slow_tick.apply_run_decisions(settings.home_dir(), slow_tick.decide(settings.home_dir(),
+                                                                        "pystdlib"))
+    control = read_live_control(settings.home_dir() / "runs" / "live-spot" / "live_control.json")
+    assert control.preemption_risk == 0.0 < spot_risk
+
+    # An allocation policy's move reaches the run's provider session as allocation.json.
+    class MoveToSpot:
+        name = "move_to_spot"
+
+        def act(self, observation):
+            return AllocationAction(zone="us-east-1c", spot_nodes=1, on_demand_nodes=0,
+                                    reason="spot is back in us-east-1c")
+
+    tick = slow_tick.decide(settings.home_dir(), "pystdlib",
+                            HeuristicSlowPolicy(allocation_policy=MoveToSpot()))
+    record = slow_tick.apply_run_decisions(settings.home_dir(), tick)
+    assert record["allocation"] == {"market": "spot", "zone": "us-east-1c", "nodes": 1}
+    wanted = gang.read_allocation(settings.home_dir() / "runs" / "live-spot")
+    assert (wanted.market, wanted.zone, wanted.source) == ("spot", "us-east-1c", "slow_policy")

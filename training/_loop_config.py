@@ -63,6 +63,16 @@ class TrainConfig:
     """notice a spot preemption gives (AWS: two minutes); reported to the fast policy"""
     telemetry_events_per_segment: int = 1000
     """events per telemetry segment before it is sealed and the next one starts"""
+    # -- live decisions (training.live_control; helper H10a) --
+    live_control_path: str = ""
+    """live-control file read at fast ticks (checkpoint interval, preemption risk); empty =
+    <out_dir>/live_control.json, the run folder's own (training.live_control.LIVE_CONTROL_FILE)"""
+    checkpoint_autotune: bool = False
+    """re-tune the checkpoint interval at fast ticks by Young/Daly from the observed hazard and
+    the measured save cost (controllers.checkpointing.CheckpointIntervalTuner); a live interval
+    takes precedence; False = checkpoint_every_steps until a live interval arrives"""
+    checkpoint_min_interval_s: float = 60.0
+    """the autotuned interval's floor (seconds): never checkpoint more often than this"""
 
     def __post_init__(self) -> None:
         positive = ("max_steps", "micro_batch_size", "grad_accum_steps", "eval_every_steps",
@@ -75,6 +85,9 @@ class TrainConfig:
                      "price_usd_per_hour", "preemption_notice_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name}={getattr(self, name)} must be >= 0")
+        if not self.checkpoint_min_interval_s > 0:
+            raise ValueError(f"TrainConfig.checkpoint_min_interval_s="
+                             f"{self.checkpoint_min_interval_s} must be > 0 (seconds)")
         if not 0 < self.min_learning_rate <= self.learning_rate:
             raise ValueError(
                 f"TrainConfig needs 0 < min_learning_rate ({self.min_learning_rate}) <= "

@@ -13,10 +13,18 @@ import math
 import signal
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any, Self
 
+from controllers.checkpointing import (
+    CheckpointIntervalTuner,
+    CheckpointTunerConfig,
+    mtbf_from_risk_s,
+)
 from controllers.fast_types import FastAction, FastObservation, PreemptionResponse
+from training.live_control import RISK_HORIZON_S, LiveControl, read_live_control
 
 
 class PreemptionSignal:
@@ -115,6 +123,7 @@ def build_observation(
     preemption_notice_s: float | None,
     seconds_since_checkpoint: float,
     checkpoint_cost_s: float,
+    preemption_risk: float = 0.0,
 ) -> FastObservation:
     return FastObservation(
         step=step,
@@ -128,7 +137,101 @@ def build_observation(
         rank_step_time_ms=(step_time_ms,),  # one rank until torchrun/DDP lands
         dataloader_queue_depth=0,  # batches are cut from memory synchronously: no queue
         preemption_notice_s=preemption_notice_s,
-        preemption_risk=0.0,  # no risk model is wired into the trainer yet
+        # From the live-control file (the slow layer's hazard model); 0.0 until one arrives.
+        preemption_risk=preemption_risk,
         seconds_since_checkpoint=seconds_since_checkpoint,
         checkpoint_cost_s=checkpoint_cost_s,
     )
+
+
+# -- live decisions: the live-control file and the trainer's own checkpoint interval -------------
+@dataclass
+class LiveDecisions:
+    """Rank 0's view of the live-control file (`training.live_control`) and of the checkpoint
+    interval in force, polled at fast ticks.
+
+    The interval is kept in seconds (what Young/Daly and the slow layer reason in) and turned into
+    steps with the measured wall seconds per step, re-measured every tick: a step that slows down
+    (a bigger batch, a straggler) keeps the checkpoints the same seconds apart.
+    """
+
+    path: Path
+    tuner: CheckpointIntervalTuner | None = None  # TrainConfig.checkpoint_autotune
+    risk: float = 0.0
+    live_interval_s: float | None = None
+    tuned_interval_s: float | None = None
+    step_time_s: float | None = None  # EMA of wall seconds per step (eval, saves included)
+    _key: tuple | None = None
+    _digest: str | None = None
+    _last_tick: tuple[int, float] | None = None  # (step, elapsed_s) at the previous tick
+    hazard_seeded: bool = False
+
+    @property
+    def interval_s(self) -> float | None:
+        """The interval in force: the live one, else the autotuned one, else None (fixed steps)."""
+        return self.live_interval_s if self.live_interval_s is not None else self.tuned_interval_s
+
+    def interval_steps(self) -> int | None:
+        interval = self.interval_s
+        if interval is None or not self.step_time_s:
+            return None
+        return max(1, round(interval / self.step_time_s))
+
+    def measure(self, step: int, elapsed_s: float, last_step_time_s: float) -> float:
+        """Updates the seconds-per-step EMA; returns the elapsed seconds since the last tick."""
+        if self._last_tick is None:
+            sample, delta_s = last_step_time_s, 0.0
+        else:
+            steps, delta_s = step - self._last_tick[0], elapsed_s - self._last_tick[1]
+            sample = delta_s / steps if steps > 0 else last_step_time_s
+        self._last_tick = (step, elapsed_s)
+        if sample > 0 and math.isfinite(sample):
+            self.step_time_s = (sample if self.step_time_s is None
+                                else 0.5 * self.step_time_s + 0.5 * sample)
+        return max(0.0, delta_s)
+
+    def poll(self) -> LiveControl | ValueError | None:
+        """A new control to apply, the error of a new bad file, or None (absent / unchanged)."""
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return None
+        key = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+        if key == self._key:
+            return None  # one stat() per tick while nothing changes
+        self._key = key
+        try:
+            control = read_live_control(self.path)
+        except (ValueError, FileNotFoundError) as error:
+            return ValueError(str(error))
+        if control.digest == self._digest:
+            return None
+        self._digest = control.digest
+        if control.checkpoint_interval_s is not None:
+            self.live_interval_s = control.checkpoint_interval_s
+        if control.preemption_risk is not None:
+            self.risk = control.preemption_risk
+        return control
+
+    def retune(self, *, exposure_s: float, past_interruptions: int,
+               elapsed_before_s: float) -> tuple[float, bool] | None:
+        """Young/Daly from the observed hazard and the measured save cost (None: no tuner).
+
+        Hazard: the run's preempted/migrated ends so far over its elapsed seconds (the prior, a
+        calm market, is replaced by the live risk's MTBF when one is given)."""
+        if self.tuner is None:
+            return None
+        if not self.hazard_seeded:
+            self.tuner.observe_exposure(elapsed_before_s, past_interruptions)
+            self.hazard_seeded = True
+        self.tuner.observe_exposure(exposure_s)
+        if self.risk > 0:
+            self.tuner.set_prior_mtbf(mtbf_from_risk_s(self.risk, RISK_HORIZON_S))
+        interval_s, changed = self.tuner.retune()
+        self.tuned_interval_s = interval_s
+        return interval_s, changed
+
+
+def tuner_for(min_interval_s: float) -> CheckpointIntervalTuner:
+    return CheckpointIntervalTuner(CheckpointTunerConfig(
+        min_interval_s=min_interval_s, max_interval_s=max(min_interval_s, 6 * 3600.0)))

@@ -1,5 +1,14 @@
 """The step loop of `training.loop.train`: steps, fast ticks, preemption, eval, checkpoints.
 
+Live decisions (issue 10): at each fast tick the loop reads the run folder's live-control file
+(`training.live_control`; each content once, recorded as a decision with its source and reason,
+a bad one refused and recorded), re-tunes the checkpoint interval (the live one in seconds, else
+with `checkpoint_autotune` Young/Daly from the observed hazard and the measured save cost, turned
+into steps with the measured seconds per step), feeds the live preemption risk into the fast
+policy's observation, and passes the notice state. A preemption notice is answered by the fast
+policy and its answer honoured (`LoopRun._leave_on_notice`): checkpoint when the save fits,
+migrate (stop with the last good checkpoint, status "migrated") when it does not.
+
 Telemetry that cannot be written (disk full) does not lose the training: the first failed write
 stops all further writes, the step boundary is finished as usual, a checkpoint is written
 (reason "telemetry_failed") and `TrainingStoppedError` says where and what to do.
@@ -27,6 +36,7 @@ from telemetry.events import (
     RunEndEvent,
     StepEvent,
 )
+from telemetry.reader import read_run_events
 from telemetry.writer import SegmentWriter, TelemetryWriteError
 from training import _loop_fast as fast
 from training._loop_config import TrainConfig, get_lr
@@ -39,6 +49,7 @@ from training._loop_persist import (
 from training._loop_state import RunState, build_state
 from training._loop_step import evaluate, fixed_eval_batches, tokens_per_example, train_step
 from training.data_types import Curriculum, ExampleSet
+from training.live_control import LIVE_CONTROL_FILE
 from training.model import CNNConfig, GPTConfig
 from training.sampler import TrainSampler
 
@@ -91,6 +102,17 @@ class LoopRun:
             self.examples, self.config.eval_batches, self.config.eval_batch_size
         )
         self._tokens_per_example = tokens_per_example(self.examples)
+        # Live decisions (training.live_control): rank 0 reads the file and tunes the interval;
+        # every rank applies what rank 0 decided (_live_tick), so a gang saves at the same steps.
+        live_path = Path(self.config.live_control_path or self.out_dir / LIVE_CONTROL_FILE)
+        self.live = fast.LiveDecisions(
+            path=live_path,
+            tuner=(fast.tuner_for(self.config.checkpoint_min_interval_s)
+                   if self.config.checkpoint_autotune else None),
+        )
+        self._interval_steps: int | None = None  # None: config.checkpoint_every_steps
+        self._risk = 0.0  # fed to the fast policy's observation
+        self._start_step = self.run.step
 
     # -- bookkeeping ------------------------------------------------------------------------
     def _tick_clock(self) -> None:
@@ -189,8 +211,7 @@ class LoopRun:
                 if self._stop_for_telemetry():
                     return "stopped"
                 if self._notice_pending(notice):
-                    self._on_preemption(notice)
-                    return "preempted"
+                    return self._leave_on_notice(notice, None)
                 if stop_after_steps is not None and steps_this_call >= stop_after_steps:
                     self._checkpoint("stop")
                     return "stopped"
@@ -199,9 +220,17 @@ class LoopRun:
                 bar.update(self._progress_steps() - bar.n)
                 bar.set_postfix(loss=f"{last['train_loss']:.3f}", usd=f"{self.run.cost_usd:.4f}",
                                 refresh=False)
+                answered: PreemptionResponse | None = None  # a notice's answer at this tick
                 if self.run.step % self.config.fast_every_steps == 0:
-                    response = self._fast_tick(last, notice_s=None, apply=True)
-                    if response is PreemptionResponse.CHECKPOINT_NOW:
+                    self._live_tick(last)
+                    # The tick passes the notice state: a notice that came during the step is
+                    # answered here (and acted on at the end of this boundary, after the eval).
+                    pending = self._notice_pending(notice)
+                    notice_s = self._notice_left_s(notice) if pending else None
+                    response = self._fast_tick(last, notice_s=notice_s, apply=True)
+                    if pending:
+                        answered = response
+                    elif response is PreemptionResponse.CHECKPOINT_NOW:
                         self._checkpoint("fast_policy")
                     elif response is PreemptionResponse.MIGRATE:
                         status = "migrated"
@@ -210,11 +239,12 @@ class LoopRun:
                 if self.run.step % self.config.fast_every_steps == 0:
                     # After the eval, so that a slow tick in the sampler sees the latest loss.
                     self.sampler.on_fast_tick(self.run.step)
+                if answered is not None:
+                    return self._leave_on_notice(notice, answered)
                 if status == "migrated":
-                    self._checkpoint("migrate")
+                    self._checkpoint("migrate")  # no notice: the policy's own move, saved first
                     return status
-                every = self.config.checkpoint_every_steps
-                if every and self.run.step % every == 0 and self._budget_left():
+                if self._interval_due() and self._budget_left():
                     self._checkpoint("interval")  # (at the end, the final one follows at once)
             if self.run.last_eval_step != self.run.step:
                 self._evaluate()
@@ -265,7 +295,7 @@ class LoopRun:
             grad_accum_steps=self.run.grad_accum_steps, learning_rate=last["learning_rate"],
             step_time_ms=last["step_time_ms"], preemption_notice_s=notice_s,
             seconds_since_checkpoint=self.run.elapsed_s - self.run.last_checkpoint_elapsed_s,
-            checkpoint_cost_s=self.run.last_checkpoint_cost_s,
+            checkpoint_cost_s=self.run.last_checkpoint_cost_s, preemption_risk=self._risk,
         )
         name = str(getattr(self.policy, "name", type(self.policy).__name__))
         action = self.policy.act(observation)
@@ -284,23 +314,145 @@ class LoopRun:
         ))
         return action.preemption_response
 
-    def _on_preemption(self, notice: fast.PreemptionSignal) -> None:
-        """SIGTERM: the node is being reclaimed. The policy is asked and its answer recorded,
-        but the loop checkpoints and exits whatever it says, and applies no batch change, so
-        the checkpoint equals the state an uninterrupted run has at this boundary."""
-        notice_s = notice.notice_left_s(self.config.preemption_notice_s)
-        if self._last is not None:
-            response = self._fast_tick(self._last, notice_s=notice_s, apply=False).value
+    def _notice_left_s(self, notice: fast.PreemptionSignal) -> float:
+        left = notice.notice_left_s(self.config.preemption_notice_s)
+        # Under torchrun the notice may have reached another rank: assume the whole notice.
+        return self.config.preemption_notice_s if left is None else left
+
+    def _leave_on_notice(
+        self, notice: fast.PreemptionSignal, response: PreemptionResponse | None
+    ) -> Status:
+        """A preemption notice (SIGTERM): the node goes; the fast policy says how to leave, and
+        its answer is honoured:
+
+        - CHECKPOINT_NOW: save this boundary, status "preempted";
+        - MIGRATE: the save does not fit in the notice; start none (a torn save is worthless),
+          stop at once with the last good checkpoint, status "migrated" (the provider side
+          replaces the node, which replays the steps since that checkpoint);
+        - CONTINUE (or a policy not asked yet): no preference, so the loop's default: save when
+          the measured save fits in the notice left, else migrate as above.
+
+        A migration with no good checkpoint at all is a recorded fallback: it saves anyway (the
+        atomic write leaves nothing worse if the kill tears it). `response` is the answer a
+        periodic tick already gave with the notice; None asks now. No batch change is applied
+        here, so a save equals the state an uninterrupted run has at this boundary."""
+        notice_s = self._notice_left_s(notice)
+        if response is None and self._last is not None:
+            response = self._fast_tick(self._last, notice_s=notice_s, apply=False)
+        said = response.value if response is not None else "no step yet"
+        self._record(self.persister.wait())  # a save in flight becomes the last good one
+        save_s = self.run.last_checkpoint_cost_s  # the measured cost of a save (nan: none yet)
+        fits = not (math.isfinite(save_s) and save_s > notice_s)
+        if response is PreemptionResponse.MIGRATE or (
+                response is not PreemptionResponse.CHECKPOINT_NOW and not fits):
+            leave, why = "migrate", (
+                f"save of {save_s:.3f}s measured does not fit the notice of {notice_s:.3f}s left"
+                if not fits else f"the policy judged a save would not fit in the "
+                f"{notice_s:.3f}s left (measured save {save_s:.3f}s)")
+        elif math.isfinite(save_s):
+            leave, why = "checkpoint", f"save of {save_s:.3f}s fits the {notice_s:.3f}s left"
         else:
-            response = "no step yet"
+            leave, why = "checkpoint", f"no save measured yet: saving in the {notice_s:.3f}s left"
+        if leave == "migrate" and self.checkpoint_path is None:
+            leave, why = "fallback", f"{why}; no good checkpoint yet, so it saves anyway"
+        # Rank 0 measured the saves: under torchrun every rank leaves the way it decided.
+        leave, why = self._gang_share((leave, why))
+        if leave == "migrate":
+            kept = self._checkpoint_step if self._checkpoint_step is not None else self.run.step
+            why += (f"; stops with the last good checkpoint (step {kept}, {self.checkpoint_path}),"
+                    f" steps {kept + 1}..{self.run.step} to replay")
+        response_text = {"checkpoint": "checkpoint_and_exit", "migrate": "migrate",
+                         "fallback": "fallback_checkpoint_and_migrate"}[leave]
         self.write(PreemptionEvent(
             run_id=self.run.run_id, rank=self.rank, step=self.run.step,
-            signal_name=notice.signal_name or "",
-            notice_s=notice_s if notice_s is not None else math.nan,
+            signal_name=notice.signal_name or "", notice_s=notice_s,
             received_wall_time_s=notice.received_wall_time_s or math.nan,
-            response=f"checkpoint_and_exit (policy said {response})",
+            response=f"{response_text} (policy said {said}): {why}",
         ))
-        self._checkpoint("preemption")
+        if leave == "checkpoint":
+            self._checkpoint("preemption")
+            return "preempted"
+        if leave == "fallback":
+            self._checkpoint("migrate_fallback")
+        return "migrated"
+
+    # -- live decisions (training.live_control) -------------------------------------------------
+    def _interval_due(self) -> bool:
+        if self._interval_steps is None:
+            every = self.config.checkpoint_every_steps
+            return bool(every) and self.run.step % every == 0
+        last = self._checkpoint_step if self._checkpoint_step is not None else self._start_step
+        return self.run.step - last >= self._interval_steps
+
+    def _gang_share(self, value: Any) -> Any:
+        """Rank 0's value on every rank (torchrun); a single process keeps its own."""
+        ctx = getattr(self, "ctx", None)
+        if ctx is None or getattr(ctx, "world_size", 1) <= 1:
+            return value
+        from training.distributed import broadcast_object  # imports this module: not at the top
+
+        return broadcast_object(value, ctx)
+
+    def _past_interruptions(self) -> int:
+        """Preempted or migrated ends this run recorded before (the observed hazard)."""
+        if self.writer is None:
+            return 0
+        try:
+            ends = read_run_events(self.writer.directory.parent, rank=self.rank)
+        except (ValueError, OSError):  # unreadable telemetry: the prior alone
+            return 0
+        return sum(1 for e in ends if e.get("type") == "run_end"
+                   and e.get("status") in ("preempted", "migrated"))
+
+    def _live_tick(self, last: dict[str, Any]) -> None:
+        """At a fast tick: apply a new live-control file once, re-tune and re-convert the
+        checkpoint interval; every change is recorded as a decision with its source and reason."""
+        if self.rank == 0:
+            self._tick_clock()
+            exposure_s = self.live.measure(self.run.step, self.run.elapsed_s,
+                                           last["step_time_ms"] / 1000.0)
+            control = self.live.poll()
+            if isinstance(control, ValueError):
+                self._live_decision("live_control", {"refused": True}, (
+                    f"live-control file refused, nothing changed: {control}"), {})
+            elif control is not None:
+                steps = self.live.interval_steps()
+                self._live_decision(control.source or "live_control", {
+                    "checkpoint_interval_s": control.checkpoint_interval_s,
+                    "checkpoint_every_steps": steps if control.checkpoint_interval_s else None,
+                    "preemption_risk": control.preemption_risk,
+                    "digest": control.digest,
+                }, control.reason, {"step_time_s": self.live.step_time_s or math.nan})
+            seeding = self.live.tuner is not None and not self.live.hazard_seeded
+            tuned = self.live.retune(  # the telemetry is read once, at the first tick
+                exposure_s=exposure_s,
+                past_interruptions=self._past_interruptions() if seeding else 0,
+                elapsed_before_s=self._elapsed_before_s)
+            if tuned is not None and tuned[1] and self.live.live_interval_s is None:
+                tuner = self.live.tuner
+                assert tuner is not None
+                cost = tuner.checkpoint_cost_s
+                self._live_decision("checkpoint_autotune", {
+                    "checkpoint_interval_s": tuned[0],
+                    "checkpoint_every_steps": self.live.interval_steps(),
+                }, (f"Young/Daly: save cost {cost if cost is not None else math.nan:.4f}s "
+                    f"(measured), MTBF {tuner.mtbf_s:.0f}s (observed hazard) -> checkpoint every "
+                    f"{tuned[0]:.1f}s"), {
+                    "checkpoint_cost_s": cost if cost is not None else math.nan,
+                    "mtbf_s": tuner.mtbf_s, "step_time_s": self.live.step_time_s or math.nan,
+                }, layer="fast")
+            shared = (self.live.interval_steps(), self.live.risk)
+        else:
+            shared = None
+        self._interval_steps, self._risk = self._gang_share(shared)
+
+    def _live_decision(self, policy: str, action: dict[str, Any], reason: str,
+                       numbers: dict[str, float], layer: str = "slow") -> None:
+        self.write(DecisionEvent(
+            run_id=self.run.run_id, rank=self.rank, step=self.run.step, layer=layer,
+            policy=policy, action=action, reason=reason, numbers=numbers,
+            observation={"live_control_path": str(self.live.path)},
+        ))
 
     def _evaluate(self) -> None:
         began = time.perf_counter()
@@ -351,6 +503,9 @@ class LoopRun:
         self.checkpoint_path, self.checkpoint_sha256 = info.path, info.sha256
         self.run.last_checkpoint_cost_s = result.snapshot_s + result.persist_s
         self.run.last_checkpoint_elapsed_s = result.elapsed_s
+        if self.live.tuner is not None and result.blocking_s > 0:
+            # Young/Daly's C: the seconds the training stalled for this save (CheckFreq).
+            self.live.tuner.observe_checkpoint_cost(result.blocking_s)
         self.write(CheckpointEvent(
             run_id=self.run.run_id, rank=self.rank, step=info.step, path=str(info.path),
             sha256=info.sha256,

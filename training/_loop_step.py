@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,6 +87,13 @@ class GradNoiseScale:
     ema_grad_sq: float = 0.0
     ema_noise: float = 0.0
     updates: int = 0
+    # Measure at steps where step % every_steps == 0 only: flattening every micro-batch gradient
+    # is what the estimate costs, and the EMA needs a sample every few steps, not every step
+    # (Pollux estimates at intervals; the issue's budget is <= 1% of step time). 1 = every step.
+    every_steps: int = 1
+
+    def due(self, step: int) -> bool:
+        return self.every_steps >= 1 and step % self.every_steps == 0
 
     def update(self, micro_sq_norms: list[float], big_sq_norm: float, micro_batch: int) -> None:
         accum = len(micro_sq_norms)
@@ -116,6 +124,24 @@ def _flat_grad(model: nn.Module) -> torch.Tensor:
 class StepOutcome:
     train_loss: float
     grad_norm: float
+    cpu_s: float = 0.0  # thread CPU seconds of this step (sampler, forward, backward, optimizer)
+
+
+class _StepCpuClock:
+    """Thread CPU seconds spent in `train_step` in this process since the last `reset`.
+
+    Benchmarks of time to quality read it at fast ticks: thread CPU time is what one torch thread
+    costs whatever else the shared machine runs (wall time is not), and it leaves out evaluation,
+    which is the benchmark's instrument, not the run's work."""
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+
+    def reset(self) -> None:
+        self.total_s = 0.0
+
+
+STEP_CPU = _StepCpuClock()
 
 
 def train_step(
@@ -132,10 +158,11 @@ def train_step(
     noise_scale: GradNoiseScale,
 ) -> StepOutcome:
     """One optimizer step over `grad_accum_steps` micro batches of weighted per-example loss."""
+    cpu_began = time.thread_time()
     model.train()
     for group in optimizer.param_groups:
         group["lr"] = learning_rate
-    measure_noise = grad_accum_steps >= 2
+    measure_noise = grad_accum_steps >= 2 and noise_scale.due(step)
     micro_sq_norms: list[float] = []
     accumulated: torch.Tensor | None = None
     train_loss = 0.0
@@ -163,4 +190,47 @@ def train_step(
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepOutcome(train_loss=train_loss, grad_norm=grad_norm)
+    cpu_s = time.thread_time() - cpu_began
+    STEP_CPU.total_s += cpu_s
+    return StepOutcome(train_loss=train_loss, grad_norm=grad_norm, cpu_s=cpu_s)
+
+
+def profile_samples_per_s(
+    model: nn.Module, examples: ExampleSet, batch_sizes: list[int], *, repeats: int = 1,
+    seed: int = 0, stop_below_speedup: float | None = None,
+) -> dict[int, float]:
+    """Measured training throughput (samples per thread-CPU second, the fastest of `repeats`
+    timed passes after one warm-up pass) of forward + backward at each batch size, smallest first:
+    the throughput(batch) term of goodput (Pollux, OSDI'21). Thread CPU time, not wall time: other
+    work on a shared machine must not make one size look faster than another.
+
+    `stop_below_speedup`: stop at the first size that is not faster per sample than the previous
+    one by this share (bigger ones are not profiled), so on hardware where a bigger batch does not
+    pay (a CPU) the profile costs 2 x (1 + repeats) passes, a few steps of a run. No optimizer
+    step is taken and gradients are cleared: the model is left as it was."""
+    if not batch_sizes or min(batch_sizes) < 1 or repeats < 1:
+        raise ValueError(f"batch_sizes={batch_sizes} must be positive integers and repeats="
+                         f"{repeats} >= 1")
+    rng = np.random.default_rng(seed)
+    train = examples.train_positions
+    was_training = model.training
+    model.train()
+    rates: dict[int, float] = {}
+    for batch in sorted(set(batch_sizes)):
+        best_s = math.inf
+        for attempt in range(repeats + 1):
+            positions = rng.choice(train, size=batch, replace=len(train) < batch)
+            inputs, targets = batch_tensors(examples, positions)
+            began = time.thread_time()
+            _, loss = model(inputs, targets)
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+            if attempt:  # the first pass warms caches and allocators up
+                best_s = min(best_s, time.thread_time() - began)
+        previous = rates[max(rates)] if rates else None
+        rates[batch] = batch / max(best_s, 1e-9)
+        if (stop_below_speedup is not None and previous is not None
+                and rates[batch] < previous * (1.0 + stop_below_speedup)):
+            break
+    model.train(was_training)
+    return rates

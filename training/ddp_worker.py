@@ -12,11 +12,15 @@ The spec (JSON) names everything a rank needs, the same file for all ranks:
   examples_kwargs keyword arguments of that function
   config          TrainConfig fields; "model" is a GPTConfig/CNNConfig dict with "kind"
   out_dir, resume_from, stop_after_steps
+                  resume_from "auto": the newest good checkpoint in out_dir/checkpoints if there
+                  is one, else a fresh start. With `torchrun --max-restarts=K` (elastic) a gang
+                  restarted after a worker died so continues from its last checkpoint.
   policy          {"kind": "noop" | "fixed_shares" | "stragglers" | "heuristic", "shares": [...]}
   slowdown        {"rank": R, "factors": [...]}: rank R's compute is stretched by factors[step %
                   len] (benchmarks: delays replayed from straggler traces)
   micro_batch_ms  emulated device milliseconds per micro batch (benchmarks)
-  result_dir      each rank writes rank<R>.json there (TrainResult as JSON)
+  result_dir      each rank writes rank<R>.json there (TrainResult as JSON), and rank<R>.pid
+                  when it starts (tests send one rank a preemption notice: SIGTERM to that pid)
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -34,6 +39,7 @@ from controllers.fast_heuristic import HeuristicFastPolicy
 from controllers.fast_types import FastAction, FastObservation, FastPolicy, NoOpFastPolicy
 from controllers.stragglers import StragglerBalancer, StragglerConfig
 from training import distributed
+from training.checkpoint import latest_good_checkpoint
 from training.loop import TrainConfig, train
 from training.model import CNNConfig, GPTConfig
 
@@ -103,6 +109,15 @@ def model_spec(config: GPTConfig | CNNConfig) -> dict[str, Any]:
     return {"kind": kind, **dataclasses.asdict(config)}
 
 
+def resolve_resume(resume_from: str | None, out_dir: Path) -> str | None:
+    """"auto": out_dir's checkpoint folder when it holds a good checkpoint (every rank reads the
+    same folder, so the gang agrees), else None (fresh); anything else is passed on."""
+    if resume_from != "auto":
+        return resume_from
+    folder = out_dir / "checkpoints"
+    return str(folder) if folder.is_dir() and latest_good_checkpoint(folder) else None
+
+
 def main(argv: Sequence[str]) -> int:
     if len(argv) != 1:
         print("usage: torchrun ... -m training.ddp_worker SPEC.json", file=sys.stderr)
@@ -110,6 +125,9 @@ def main(argv: Sequence[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     ctx = distributed.init_from_env()
     rank = ctx.rank if ctx else 0
+    if spec.get("result_dir"):
+        Path(spec["result_dir"]).mkdir(parents=True, exist_ok=True)
+        (Path(spec["result_dir"]) / f"rank{rank}.pid").write_text(str(os.getpid()))
     module, _, function = spec["examples"].partition(":")
     examples = getattr(importlib.import_module(module), function)(
         **spec.get("examples_kwargs", {})
@@ -127,7 +145,8 @@ def main(argv: Sequence[str]) -> int:
         result = train(
             build_config(spec["config"]), examples, None, spec["out_dir"],
             fast_policy=build_policy(spec.get("policy", {})),
-            resume_from=spec.get("resume_from"), stop_after_steps=spec.get("stop_after_steps"),
+            resume_from=resolve_resume(spec.get("resume_from"), Path(spec["out_dir"])),
+            stop_after_steps=spec.get("stop_after_steps"),
             emulation=emulation,
         )
         record = {k: str(v) if isinstance(v, Path) else v

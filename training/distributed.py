@@ -22,6 +22,12 @@ and `grad_accum_steps` would train on):
   (Costs the overlap of all-reduce with backward, which a tiny model does not miss.)
 - After the SUM every rank holds the same gradient, clips it the same way and takes the same
   optimizer step, so the replicas stay identical without a broadcast.
+
+Telemetry: every rank writes its own segments (`rank<R>/`); its StepEvent carries world_size,
+its share and micro batches, its compute time and its wait at the all-reduce (the rank fields
+of `telemetry.events.StepEvent`). A preemption notice (SIGTERM) on any rank rides on the same
+per-step exchange (a max over ranks), so the gang stops at one step boundary and rank 0 writes
+one checkpoint.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,21 +57,6 @@ from training._loop_step import StepOutcome, batch_tensors
 from training.checkpoint import to_checkpoint_types
 from training.data_types import ExampleSet
 from training.sampler import TrainSampler
-
-
-@dataclass(frozen=True, kw_only=True)
-class RankStepEvent(StepEvent):
-    """A StepEvent with the rank's own figures (written as type "step": readers that do not
-    know the extra fields ignore them, the store keeps them in the payload)."""
-
-    TYPE: ClassVar[str] = "step"
-
-    world_size: int
-    rank_share: float  # share of the global batch this rank trained on
-    rank_micro_batches: int  # its micro batches this step (grad_accum_steps is the global count)
-    compute_ms: float  # forward/backward of its micro batches (incl. injected delays)
-    wait_ms: float  # waiting for the slowest rank before the gradient all-reduce
-    allreduce_ms: float  # the gradient all-reduce itself
 
 
 @dataclass(frozen=True)
@@ -110,7 +101,14 @@ def init_from_env() -> DistContext | None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend)
+        # The store of torchrun's agent outlives a restart of the gang (elastic membership):
+        # the ranks' addresses of the previous attempt are still in it, and a restarted rank
+        # that read them would try to connect to a dead peer. A prefix per attempt keeps the
+        # attempts apart.
+        store, rank, world_size = next(dist.rendezvous("env://"))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        dist.init_process_group(backend, store=dist.PrefixStore(f"trainwise/{attempt}", store),
+                                rank=rank, world_size=world_size)
     return current()
 
 
@@ -288,7 +286,7 @@ class DistributedLoopRun(LoopRun):
         self.rank = self.ctx.rank
         if len(self.run.rank_work_shares) != self.ctx.world_size:  # fresh run
             self.run.rank_work_shares = [1.0 / self.ctx.world_size] * self.ctx.world_size
-        self._gang_notice = False
+        self._gang_notice_rank: int | None = None  # a rank that got a notice, once exchanged
         self._local_notice = False
         self._gang_telemetry_failed = False
         self._rank_times_ms: tuple[float, ...] = ()
@@ -300,16 +298,24 @@ class DistributedLoopRun(LoopRun):
 
     def _notice_pending(self, notice: fast.PreemptionSignal) -> bool:
         # Only the exchanged flag: a notice that arrived on this rank since the last exchange
-        # is seen by all ranks after the next step.
+        # is seen by all ranks after the next step (the flag rides on the per-step exchange of
+        # figures, a max over ranks: no extra collective). A rank that got no signal of its own
+        # records the gang's notice as its own, so its preemption event and the fast policy's
+        # observation on rank 0 say where the notice came from and how much of it is left.
         self._local_notice = notice.pending
-        return self._gang_notice
+        if self._gang_notice_rank is None:
+            return False
+        if not notice.pending:
+            notice.notify(f"SIGTERM to rank {self._gang_notice_rank} (gang notice)")
+        return True
 
     def _step(self) -> dict[str, Any]:
         assert self.ctx is not None and self.ddp is not None
         began = time.perf_counter()
         learning_rate = self._learning_rate()
         micro, accum = self.run.micro_batch_size, self.run.grad_accum_steps
-        flags = (float(self._local_notice),
+        # Notice flag: 1 + the rank that got it (0: none), so the max names one of them.
+        flags = (float(self.rank + 1) if self._local_notice else 0.0,
                  float(self.telemetry_error is not None))
         done = train_step_distributed(
             ddp=self.ddp, optimizer=self.optimizer, sampler=self.sampler,
@@ -317,7 +323,7 @@ class DistributedLoopRun(LoopRun):
             micro_batch_size=micro, grad_accum_steps=accum, shares=self.run.rank_work_shares,
             grad_clip=self.config.grad_clip, ctx=self.ctx, flags=flags,
         )
-        self._gang_notice = done.flags[0] > 0
+        self._gang_notice_rank = int(done.flags[0]) - 1 if done.flags[0] > 0 else None
         self._gang_telemetry_failed = done.flags[1] > 0
         self._rank_times_ms = done.compute_ms
         self.run.step += 1
@@ -331,14 +337,13 @@ class DistributedLoopRun(LoopRun):
             "micro_batch_size": micro, "grad_accum_steps": accum, "step_time_ms": step_time_ms,
         }
         mine = done.counts[self.rank]
-        self.write(RankStepEvent(
+        self.write(StepEvent(
             run_id=self.run.run_id, rank=self.rank, step=self.run.step,
             samples_seen=self.run.samples_seen, tokens_seen=self.run.tokens_seen,
             elapsed_s=self.run.elapsed_s, cost_usd=self.run.cost_usd,
             sampler_phase=self.sampler.phase, world_size=self.ctx.world_size,
-            rank_share=mine / accum, rank_micro_batches=mine,
-            compute_ms=done.compute_ms[self.rank], wait_ms=done.wait_ms,
-            allreduce_ms=done.allreduce_ms, **last,
+            share=mine / accum, micro_batches=mine, compute_ms=done.compute_ms[self.rank],
+            allreduce_wait_ms=done.wait_ms, allreduce_ms=done.allreduce_ms, **last,
         ))
         self._last = last
         return last
@@ -358,7 +363,7 @@ class DistributedLoopRun(LoopRun):
                 grad_accum_steps=self.run.grad_accum_steps, learning_rate=last["learning_rate"],
                 step_time_ms=last["step_time_ms"], preemption_notice_s=notice_s,
                 seconds_since_checkpoint=self.run.elapsed_s - self.run.last_checkpoint_elapsed_s,
-                checkpoint_cost_s=self.run.last_checkpoint_cost_s,
+                checkpoint_cost_s=self.run.last_checkpoint_cost_s, preemption_risk=self._risk,
             ), rank_step_time_ms=self._rank_times_ms)
             name = str(getattr(self.policy, "name", type(self.policy).__name__))
             decided = time.perf_counter()

@@ -29,8 +29,10 @@ the seconds a killed process worked past its checkpoint were paid for (`RunStart
 and the steps it recorded past it are replayed (`replay_from_step`..`replay_to_step`).
 
 Statuses: "completed" (max_steps reached), "preempted" (SIGTERM), "stopped" (`stop_after_steps`
-reached), "migrated" (the fast policy answered MIGRATE). Every one ends with a checkpoint.
-"""
+reached), "migrated" (the fast policy answered MIGRATE, or the measured save did not fit in the
+notice). Every one but "migrated" ends with a new checkpoint; "migrated" leaves the last good one,
+and `TrainResult.steps` is then the step reached, not the checkpoint's step (the replacement node
+replays the difference)."""
 
 from __future__ import annotations
 

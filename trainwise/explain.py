@@ -1,15 +1,20 @@
 """`trainwise explain RUN`: the decision timeline of a run, read from its telemetry files.
 
 Besides the policies' decisions it shows what they caused or answered (checkpoints, preemption
-notices, evaluations), so a person can follow a run without opening the raw segments.
+notices, evaluations), so a person can follow a run without opening the raw segments. A run
+trained by several torchrun ranks also gets each rank's step time, compute, wait at the gradient
+all-reduce and work share, and who was re-balanced, when and why (the per-rank step times the
+fast layer saw and its reason).
 """
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
 from controllers.decisions import Decision, format_timeline
+from telemetry.events import share_changes
 from telemetry.reader import read_run_events
 
 
@@ -57,8 +62,66 @@ def _as_decisions(records: list[dict[str, Any]]) -> list[Decision]:
     return rows
 
 
+def _mean(values: list[float | None]) -> float | None:
+    found = [v for v in values if v is not None]
+    return statistics.fmean(found) if found else None
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def rank_table(records: list[dict[str, Any]]) -> str:
+    """Per-rank step figures of a torchrun run ("" for a single process)."""
+    steps = [r for r in records if r["type"] == "step"]
+    world = max((int(r.get("world_size") or 1) for r in steps), default=1)
+    if world < 2:
+        return ""
+    lines = [f"ranks ({world}): mean over the steps each rank wrote",
+             f"{'rank':>6} {'steps':>6} {'step_ms':>9} {'compute_ms':>11} {'wait_ms':>9} "
+             f"{'share':>7}"]
+    for rank in sorted({r["rank"] for r in steps}):
+        mine = [r for r in steps if r["rank"] == rank]
+        lines.append(
+            f"{rank:>6} {len(mine):>6} {_ms(_mean([r.get('step_time_ms') for r in mine])):>9} "
+            f"{_ms(_mean([r.get('compute_ms') for r in mine])):>11} "
+            f"{_ms(_mean([r.get('allreduce_wait_ms') for r in mine])):>9} "
+            f"{float(mine[-1].get('share', 1.0)):>7.3f}"
+        )
+    return "\n".join(lines)
+
+
+def rebalances(records: list[dict[str, Any]]) -> list[str]:
+    """One line per fast decision that changed some rank's work share: who, from, to, why."""
+    world = max((int(r.get("world_size") or 1) for r in records if r["type"] == "step"),
+                default=1)
+    shares: list[float] = [1.0 / world] * world
+    lines = []
+    for record in records:
+        if record["type"] != "decision" or record.get("layer") != "fast":
+            continue
+        new = [float(s) for s in (record.get("action") or {}).get("rank_work_shares") or []]
+        if len(new) < 2:
+            continue
+        times = (record.get("observation") or {}).get("rank_step_time_ms") or []
+        for rank, old, after in share_changes(shares, new):
+            seen = f", its step {times[rank]:.0f} ms" if rank < len(times) else ""
+            others = [t for i, t in enumerate(times) if i != rank]
+            versus = f" vs {min(others):.0f} ms on the fastest other rank" if others else ""
+            lines.append(f"step {record['step']}: rank {rank} share {old:.3f} -> {after:.3f}"
+                         f"{seen}{versus}; {record['policy']}: {record['reason']}")
+        shares = new
+    return lines
+
+
 def timeline(run: str, runs_root: Path) -> str:
     records = read_run_events(find_run_telemetry(run, runs_root))
     decisions = _as_decisions(records)
     header = f"run {run}: {len(records)} telemetry events, {len(decisions)} decisions\n"
-    return header + format_timeline(decisions)
+    text = header + format_timeline(decisions)
+    table = rank_table(records)
+    if table:
+        moved = rebalances(records)
+        text += "\n\n" + table + "\n\nre-balanced:\n" + (
+            "\n".join(moved) if moved else "no rank's share changed")
+    return text

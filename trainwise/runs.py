@@ -6,9 +6,13 @@ The `checkpoint` asset and the tests call `run_training`. In order:
 2. preflight: the state folder, the DuckDB path, MLflow and the object store answer
    (`trainwise.preflight`), so a bad setting costs a second, not a training;
 3. load the shards and the current curriculum, price the emulated instance;
-4. train: every checkpoint is uploaded as soon as it is durable (`CheckpointUploader`); a run
-   folder that holds checkpoints of an unfinished run (preempted, killed) is resumed from its
-   last good checkpoint instead of starting at step 0;
+4. train on the nodes of the compute provider (`trainwise.gang`: TRAINWISE_PROVIDER, emulated
+   by default; the request's market/zone/nodes, or the slow layer's `allocation.json`): a reclaim
+   or a new allocation checkpoints, releases, launches the replacement, restores from the store
+   and resumes; the provider's bill goes into the summary. Every checkpoint is uploaded as soon
+   as it is durable (`CheckpointUploader`); an unfinished run (preempted, killed) is resumed from
+   its last good checkpoint, from its run folder or, when that is gone (a new node), from the
+   object store's last committed one under `checkpoints/<partition>/<run_id>`;
    The MLflow run opens as training starts and `trainwise.mlflow_live` streams the telemetry
    into it while the loop trains (the loop itself never talks to MLflow);
 5. ingest the telemetry into DuckDB, drain the uploads, close the MLflow run (final metrics,
@@ -62,6 +66,11 @@ class TrainRequest:
     # a running loss table, its rate steered by the slow layer through the run's control file.
     data_selection: str = "static"
     region: str = "us-west-2"
+    # Where the run starts at the compute provider (TRAINWISE_PROVIDER); the slow layer may move
+    # it later (`trainwise.gang.write_allocation`). zone "" = the provider's first zone in region.
+    market: str = "on_demand"
+    zone: str = ""
+    nodes: int = 1
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,20 @@ class RunSummary:
     resumed_from_step: int | None = None
     # What still has to be redone (a failed ingest, upload or MLflow log); "" when nothing.
     pending: str = ""
+    # The compute provider's side (`trainwise.gang`): where the run ended, the provider's bill
+    # (node-seconds on its clock x the zone's spot/on-demand price), reclaims answered.
+    provider: str = ""
+    market: str = ""
+    zone: str = ""
+    nodes: int = 0
+    provider_cost_usd: float = 0.0
+    spot_share: float = 0.0
+    reclaims: int = 0
+    replacements: int = 0
+    # The same work on demand, never interrupted (one changeover + the seconds trained), and the
+    # node-seconds billed beyond it (`trainwise.gang.GangSession.fixed_schedule`).
+    fixed_on_demand_usd: float = 0.0
+    preemption_waste_node_s: float = 0.0
 
     def metadata(self) -> dict[str, Any]:
         # NaN is not valid JSON metadata: an image-free run has no accuracy.
@@ -123,6 +146,12 @@ class RunSummary:
             f"  eval loss       {self.final_eval_loss:.4f}{accuracy}\n"
             f"  cost            {self.cost_usd:.4f} USD  ({self.train_wall_s:.0f} s of "
             f"{self.instance_type} at {self.price_usd_per_hour:.3f} USD/h)\n"
+            f"  cloud           {self.provider} (on the provider's clock; the emulated one "
+            f"replays the trace faster than real time): now {self.nodes} x {self.market} in "
+            f"{self.zone}, bill {self.provider_cost_usd:.4f} USD, spot share {self.spot_share:.0%}, "
+            f"{self.reclaims} reclaim(s), {self.replacements} replacement(s); waste "
+            f"{self.preemption_waste_node_s:.0f} node-s; fixed on-demand schedule "
+            f"{self.fixed_on_demand_usd:.4f} USD\n"
             f"  checkpoint      {self.checkpoint_uri}\n"
             f"  MLflow          {self.mlflow_where}\n"
             f"  Dagster         run {dagster_run_id}: `make ui`, then Runs\n"
@@ -187,6 +216,9 @@ def _mlflow_params(request: TrainRequest, config: Any, data_fingerprint: str, cu
         "data/selection": request.data_selection,
         "cloud/instance_type": request.instance_type,
         "cloud/price_usd_per_hour": price,
+        "cloud/provider_market": request.market,
+        "cloud/zone": request.zone or "(provider default)",
+        "cloud/nodes": request.nodes,
         "resume/from_step": -1 if resumed_step is None else resumed_step,
     }
 
@@ -248,6 +280,11 @@ def validate_request(request: TrainRequest) -> None:
     if request.data_selection not in DATA_SELECTIONS:
         raise ValueError(f"data_selection={request.data_selection!r}; valid: "
                          f"{', '.join(DATA_SELECTIONS)}")
+    from cloud.providers import MARKETS
+
+    if request.market not in MARKETS:
+        raise ValueError(f"market={request.market!r}; valid: {', '.join(MARKETS)}")
+    _check_positive_int("nodes", request.nodes)
 
 
 def read_outcome(run_dir: Path) -> dict[str, Any] | None:
@@ -273,9 +310,40 @@ def is_resumable(run_dir: Path) -> bool:
     return latest_checkpoint(run_dir / "checkpoints") is not None
 
 
-def resumable_run_id(state_dir: Path, candidates: list[str]) -> str | None:
-    """The first of `candidates` (training run ids, newest lineage first) whose run folder can
-    be resumed; None when none can. Unsafe names are skipped, never joined to a path."""
+def checkpoint_prefix(partition: str, run_id: str) -> str:
+    """Object-store folder of a training run's checkpoints (the uploader's key prefix)."""
+    return f"checkpoints/{partition}/{run_id}"
+
+
+def store_status(store: ObjectStore | None, partition: str | None, run_id: str) -> str | None:
+    """What the object store knows of a training run, for a node whose disk is new: "completed"
+    (its outcome record says so), "resumable" (committed checkpoints, no completed outcome), or
+    None (nothing there, or no store). A store that cannot be listed counts as knowing nothing:
+    preflight already checked it answers, and a local folder still decides then."""
+    if store is None or not partition:
+        return None
+    from trainwise.object_store import COMMIT_SUFFIX
+
+    prefix = checkpoint_prefix(partition, run_id)
+    try:
+        keys = store.list_keys(prefix)
+        if f"{prefix}/{OUTCOME_NAME}" in keys:
+            outcome = json.loads(store.get_bytes(f"{prefix}/{OUTCOME_NAME}"))
+            if outcome.get("status") == "completed":
+                return "completed"
+    except Exception as error:  # noqa: BLE001 - a store hiccup must not hide a local folder
+        warnings.warn(f"object store listing of {prefix} failed ({error}); only local run "
+                      "folders are considered for resuming", stacklevel=2)
+        return None
+    return "resumable" if any(k.endswith(COMMIT_SUFFIX) for k in keys) else None
+
+
+def resumable_run_id(state_dir: Path, candidates: list[str], *, store: ObjectStore | None = None,
+                     partition: str | None = None) -> str | None:
+    """The first of `candidates` (training run ids, newest lineage first) that can be resumed:
+    from its local run folder, or (when `store` and `partition` are given) from the object
+    store's committed checkpoints, so a replacement node with an empty state folder resumes the
+    lineage too. None when none can. Unsafe names are skipped, never joined to a path."""
     from telemetry.writer import rank_dir
 
     for run_id in candidates:
@@ -283,7 +351,13 @@ def resumable_run_id(state_dir: Path, candidates: list[str]) -> str | None:
             rank_dir(Path("."), run_id, 0)
         except ValueError:
             continue
-        if is_resumable(Path(state_dir) / "runs" / run_id):
+        run_dir = Path(state_dir) / "runs" / run_id
+        if is_resumable(run_dir):
+            return run_id
+        local = read_outcome(run_dir)
+        if local is not None and local.get("status") == "completed":
+            continue
+        if store_status(store, partition, run_id) == "resumable":
             return run_id
     return None
 
@@ -294,14 +368,20 @@ def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _resume_point(run_dir: Path, request: TrainRequest) -> tuple[Path | None, int | None]:
+def _resume_point(run_dir: Path, request: TrainRequest, store: ObjectStore | None = None
+                  ) -> tuple[Path | None, int | None]:
     """(checkpoint folder to resume from, its good checkpoint's step), or (None, None) for a
-    fresh start. Refuses a run id that already completed and a folder of another partition."""
+    fresh start. Refuses a run id that already completed and a folder of another partition.
+
+    With `store`, the store's newest committed checkpoint of this run (same partition, same run
+    id: the lineage) is brought into the run folder first unless the folder holds one at least
+    as new, so a node whose state folder is new resumes where the lost one last uploaded."""
     outcome = read_outcome(run_dir)
-    if outcome is not None and outcome.get("status") == "completed":
+    if (outcome is not None and outcome.get("status") == "completed") or store_status(
+            store, request.partition, request.run_id) == "completed":
         raise ValueError(
-            f"run_id {request.run_id!r} already completed in {run_dir}; choose a new run id "
-            "(a completed run is never trained again in place)")
+            f"run_id {request.run_id!r} already completed ({run_dir} or the object store); "
+            "choose a new run id (a completed run is never trained again in place)")
     previous = run_dir / "request.json"
     if previous.exists():
         try:
@@ -312,6 +392,15 @@ def _resume_point(run_dir: Path, request: TrainRequest) -> tuple[Path | None, in
             raise ValueError(
                 f"run_id {request.run_id!r} belongs to partition {earlier!r}, not "
                 f"{request.partition!r}; choose a new run id")
+    if store_status(store, request.partition, request.run_id) == "resumable":
+        from trainwise.emulated import restore_from_store
+
+        point = restore_from_store(store, checkpoint_prefix(request.partition, request.run_id),
+                                   run_dir / "checkpoints")
+        if point is not None:
+            for skipped, why in point.skipped:
+                warnings.warn(f"resume of {request.run_id}: store checkpoint {skipped} skipped "
+                              f"({why})", stacklevel=3)
     if not is_resumable(run_dir):
         return None, None
     from training.checkpoint import latest_good_checkpoint
@@ -358,6 +447,35 @@ def _ingest(telemetry_dir: Path, duckdb_path: Path, run_dir: Path, run_id: str
     return ingested, ""
 
 
+def _new_node_disk(uploader: Any, store: ObjectStore, request: TrainRequest, run_dir: Path,
+                   result: Any, upload_timeout_s: float) -> tuple[Any, Path, list[str]]:
+    """A replacement node's disk: the stopped node's uploads are drained, its local checkpoints
+    dropped and the store's newest committed one restored. When the store did not get the
+    stopped node's last checkpoint, the local copy is kept (never lose trained work) and the
+    note says so. Returns (a new uploader, the folder to resume from, notes)."""
+    import shutil
+
+    from trainwise.emulated import restore_from_store
+    from trainwise.object_store import CheckpointUploader
+
+    prefix = checkpoint_prefix(request.partition, request.run_id)
+    report = uploader.drain(upload_timeout_s)
+    notes = [f"checkpoint upload failed: {key}: {why}" for key, why in report.failed]
+    folder = run_dir / "checkpoints"
+    final, _ = _upload_result(report, Path(result.checkpoint_path))
+    if final is not None:
+        shutil.rmtree(folder, ignore_errors=True)  # the lost node's disk
+        point = restore_from_store(store, prefix, folder)
+        if point is None or point.step < result.steps:
+            notes.append(f"the store's checkpoint of {request.run_id} is older than step "
+                         f"{result.steps}; resumed from step "
+                         f"{point.step if point else 0}")
+    else:
+        notes.append(f"the stopped node's checkpoint (step {result.steps}) did not reach the "
+                     f"store; the replacement resumed from the local copy {folder}")
+    return CheckpointUploader(store, key_prefix=prefix), folder, notes
+
+
 def run_training(
     request: TrainRequest,
     *,
@@ -370,12 +488,17 @@ def run_training(
     preflight_timeout_s: float = preflight.DEFAULT_TIMEOUT_S,
     upload_timeout_s: float = UPLOAD_DRAIN_TIMEOUT_S,
     mlflow_interval_s: float = mlflow_live.DEFAULT_INTERVAL_S,
+    provider: Any = None,
 ) -> RunSummary:
     """Trains (or resumes) one run; see the module docstring for the order of things.
 
     Raises ValueError (a bad request, nothing written), `preflight.PreflightError` (a path or
     service is not usable, nothing trained) or `RunInterruptedError` (training did not complete;
-    its checkpoint is kept and the call can be repeated with the same run id to resume)."""
+    its checkpoint is kept and the call can be repeated with the same run id to resume).
+
+    `provider`: the `cloud.providers.ComputeProvider` the run's nodes are launched at (default:
+    TRAINWISE_PROVIDER, `trainwise.gang.provider_for_run`); an unknown zone or instance type or
+    an unreachable provider is raised before any step is trained."""
     from telemetry import reader
     from training import curriculum as curriculum_lib
     from training import loop, shards
@@ -407,58 +530,92 @@ def run_training(
     # 3. Data (read only).
     examples = shards.load_shards(state_dir / "shards" / request.partition)
     curriculum = curriculum_lib.load_curriculum(state_dir / "curricula" / request.partition)
-    resume_from, resumed_step = _resume_point(run_dir, request)
-    pruning = None
-    if request.data_selection == "dynamic":
-        from training import scoring
-        from training.dynamic_pruning import DynamicPruningConfig
+    resume_from, resumed_step = _resume_point(run_dir, request, store)
+    from trainwise import gang
 
-        pruning = DynamicPruningConfig(
-            pruning_rate=curriculum.pruning_rate,
-            initial_scores=scoring.read_scores(state_dir / "scores" / request.partition),
-            control_path=control_path(state_dir, request.run_id))
-
-    # 4. Train. request.json is written first: the slow-policy sensor finds a partition's live
-    # run by this file.
-    run_dir.mkdir(parents=True, exist_ok=True)
-    request_path = run_dir / "request.json"
-    request_path.write_text(json.dumps(asdict(request), indent=2))
-    (run_dir / OUTCOME_NAME).unlink(missing_ok=True)  # this call's outcome replaces any earlier
-    from trainwise.object_store import CheckpointUploader
-
-    uploader = CheckpointUploader(store, key_prefix=f"checkpoints/{request.partition}/"
-                                                    f"{request.run_id}")
-    # The MLflow run opens now and follows the telemetry while the loop trains (never inside it).
-    live = mlflow_live.LiveRun(mlflow_live.LiveRunSpec(
-        tracking_uri=tracking_uri, experiment=experiment,
-        run_name=f"{request.partition}-{request.run_id[:8]}",
-        params=_mlflow_params(request, config, examples.fingerprint, curriculum, policy.name,
-                              price, resumed_step),
-        tags={"dagster_run_id": request.run_id, "trainwise/training_run_id": request.run_id,
-              "partition": request.partition},
-        telemetry_dir=run_dir / "telemetry" / request.run_id,
-        consumption_path=run_dir / "telemetry" / request.run_id / "consumption.jsonl",
-        control_path=control_path(state_dir, request.run_id) if pruning else None,
-        proposal_path=(control_path(state_dir, request.run_id).with_name("control.pending.json")
-                       if pruning else None)),
-        interval_s=mlflow_interval_s).start()
+    session = gang.GangSession(
+        provider if provider is not None else gang.provider_for_run(request.instance_type,
+                                                                    request.region),
+        gang.read_allocation(run_dir) or gang.Allocation(
+            market=request.market, zone=request.zone, nodes=request.nodes,
+            reason="the train request", source="request"),
+        request.instance_type, run_dir, request.run_id, region=request.region)
+    session.start()  # the provider's errors here: nothing is trained or written yet
+    # From here the nodes are billed: whatever fails before training releases them.
     try:
-        result = loop.train(config, examples, curriculum, run_dir, fast_policy=policy,
-                            progress=progress, pruning=pruning, resume_from=resume_from,
-                            on_checkpoint=uploader.submit)
+        pruning = None
+        if request.data_selection == "dynamic":
+            from training import scoring
+            from training.dynamic_pruning import DynamicPruningConfig
+
+            pruning = DynamicPruningConfig(
+                pruning_rate=curriculum.pruning_rate,
+                initial_scores=scoring.read_scores(state_dir / "scores" / request.partition),
+                control_path=control_path(state_dir, request.run_id))
+
+        # 4. Train. request.json is written first: the slow-policy sensor finds a partition's live
+        # run by this file.
+        run_dir.mkdir(parents=True, exist_ok=True)
+        request_path = run_dir / "request.json"
+        request_path.write_text(json.dumps(asdict(request), indent=2))
+        (run_dir / OUTCOME_NAME).unlink(missing_ok=True)  # this call's outcome replaces any earlier
+        from trainwise.object_store import CheckpointUploader
+
+        uploader = CheckpointUploader(store, key_prefix=checkpoint_prefix(request.partition,
+                                                                          request.run_id))
+        # The MLflow run opens now and follows the telemetry while the loop trains (never inside it).
+        live = mlflow_live.LiveRun(mlflow_live.LiveRunSpec(
+            tracking_uri=tracking_uri, experiment=experiment,
+            run_name=f"{request.partition}-{request.run_id[:8]}",
+            params=_mlflow_params(request, config, examples.fingerprint, curriculum, policy.name,
+                                  price, resumed_step),
+            tags={"dagster_run_id": request.run_id, "trainwise/training_run_id": request.run_id,
+                  "partition": request.partition},
+            telemetry_dir=run_dir / "telemetry" / request.run_id,
+            consumption_path=run_dir / "telemetry" / request.run_id / "consumption.jsonl",
+            control_path=control_path(state_dir, request.run_id) if pruning else None,
+            proposal_path=(control_path(state_dir, request.run_id).with_name("control.pending.json")
+                           if pruning else None)),
+            interval_s=mlflow_interval_s).start()
+    except BaseException:
+        session.close("failed before training")
+        raise
+    earlier_upload_failures: list[str] = []
+    try:
+        while True:
+            result = loop.train(config, examples, curriculum, run_dir,
+                                fast_policy=session.policy(policy), progress=progress,
+                                pruning=pruning, resume_from=resume_from,
+                                on_checkpoint=uploader.submit)
+            if result.status == "completed" or not session.stop_reason:
+                break
+            # Our own SIGTERM (a reclaim, or the slow layer's new allocation): the node goes,
+            # its replacement restores from the store and training resumes.
+            uploader, resume_from, note = _new_node_disk(uploader, store, request, run_dir,
+                                                         result, upload_timeout_s)
+            earlier_upload_failures += note
+            session.note("restore", note[-1] if note else
+                         f"replacement disk: step {result.steps} restored from the object store",
+                         step=result.steps)
+            if not session.replace():
+                break
     except BaseException as error:
         live.abort(error)
+        session.close("failed")
         # The checkpoints written so far still go out (briefly): a crash loses no more.
         uploader.drain(min(upload_timeout_s, 10.0))
         raise
     train_end_s = time.time()
+    gang_record = session.close(result.status)
     live.stop()
 
     # A crash while recording (not a failing service: those are pending notes) still closes
     # the MLflow run instead of leaving it RUNNING.
     try:
         # 5. Record it everywhere; a failing service leaves the checkpoint and a pending note.
-        pending: list[str] = []
+        pending: list[str] = list(earlier_upload_failures)
+        if session.failure:
+            pending.append(session.failure)
         try:
             events = reader.read_run_events(result.telemetry_dir)
         except (ValueError, OSError) as error:  # a damaged segment must not fail the training
@@ -488,6 +645,9 @@ def run_training(
             "final/tokens": result.tokens_seen,
             "final/samples": result.samples_seen,
             "final/wall_s": result.elapsed_s,
+            "final/provider_cost_usd": gang_record["cost_usd"],
+            "final/spot_share": gang_record["spot_share"],
+            "final/reclaims": gang_record["reclaims"],
         }
         # A run preempted before its first eval has no eval loss: skip it, never log None.
         final = {k: v for k, v in final.items() if v is not None}
@@ -537,9 +697,27 @@ def run_training(
         mlflow_where=mlflow_where,
         resumed_from_step=resumed_step,
         pending="; ".join(pending),
+        provider=gang_record["provider"],
+        market=gang_record["market"],
+        zone=gang_record["zone"],
+        nodes=gang_record["nodes"],
+        provider_cost_usd=gang_record["cost_usd"] or 0.0,
+        spot_share=gang_record["spot_share"],
+        reclaims=gang_record["reclaims"],
+        replacements=gang_record["replacements"],
+        fixed_on_demand_usd=gang_record["fixed_on_demand_usd"] or math.nan,
+        preemption_waste_node_s=gang_record["preemption_waste_node_s"],
     )
-    _write_json_atomic(run_dir / OUTCOME_NAME, {**summary.metadata(),
-                                                "checkpoint_path": str(checkpoint_path)})
+    outcome = {**summary.metadata(), "checkpoint_path": str(checkpoint_path)}
+    _write_json_atomic(run_dir / OUTCOME_NAME, outcome)
+    # The store keeps the outcome next to the checkpoints: a node whose disk is new must know a
+    # completed run is not to be trained again, and an unfinished one is to be resumed.
+    try:
+        store.put_bytes(json.dumps(outcome, default=str).encode(),
+                        f"{checkpoint_prefix(request.partition, request.run_id)}/{OUTCOME_NAME}")
+    except Exception as error:  # noqa: BLE001 - the local outcome is written; say what is missing
+        warnings.warn(f"outcome of {request.run_id} not stored in the object store ({error}); "
+                      f"the local {run_dir / OUTCOME_NAME} holds it", stacklevel=2)
     # 6. A partial model is never a success.
     if result.status != "completed":
         raise RunInterruptedError(summary, request.max_steps)

@@ -50,6 +50,22 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TRAINWISE_TORCH_THREADS", "1", "torch intra-op threads in the trainer"),
     Setting("TRAINWISE_PROVIDER", "emulated", "compute provider of cloud.providers: emulated | aws"),
     Setting("TRAINWISE_EC2_ENDPOINT_URL", "", "EC2 endpoint override (moto_server in tests); empty = AWS"),
+    Setting("TRAINWISE_ALLOCATION_POLICY", "trainwise_heuristic", "node allocation policy of the "
+            "schedule until an approved schedule_change replaces it"),
+    Setting("TRAINWISE_MIN_FORECAST_SAVINGS_USD", "0", "schedule gate: least forecast P50 "
+            "savings (USD per run) a schedule change must show"),
+    Setting("TRAINWISE_MAX_EVAL_LOSS_REGRESSION", "0.05", "schedule gate: largest rise of the "
+            "eval loss (recent runs, new vs current pruning rate) a change may show"),
+    Setting("TRAINWISE_BUDGET_USD", "50", "budget of the next run; cost_forecast warns when its "
+            "P90 spend exceeds it"),
+    Setting("TRAINWISE_FORECAST_WORK_GPU_H", "24", "work of the next run in GPU-hours (before "
+            "pruning), for cost_forecast"),
+    Setting("TRAINWISE_FORECAST_DEADLINE_H", "36", "deadline of the next run in hours, for "
+            "cost_forecast"),
+    Setting("TRAINWISE_FORECAST_SAMPLES", "64", "Monte Carlo start times per policy in "
+            "cost_forecast"),
+    Setting("TRAINWISE_SPOT_TRACES", "availability-1node-aws-2023-02", "spot trace folder under "
+            "$TRAINWISE_DATA_DIR/spot that cost_forecast replays; missing = embedded market"),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -122,6 +138,22 @@ def torch_threads() -> int:
     return get_int("TRAINWISE_TORCH_THREADS", 1, MAX_TORCH_THREADS)
 
 
+def min_forecast_savings_usd() -> float:
+    """TRAINWISE_MIN_FORECAST_SAVINGS_USD: the schedule gate's least forecast savings (may be
+    negative: a person may accept a dearer but safer schedule)."""
+    return get_float("TRAINWISE_MIN_FORECAST_SAVINGS_USD")
+
+
+def max_eval_loss_regression() -> float:
+    """TRAINWISE_MAX_EVAL_LOSS_REGRESSION: the schedule gate's largest eval-loss rise, >= 0."""
+    return get_float("TRAINWISE_MAX_EVAL_LOSS_REGRESSION", 0.0)
+
+
+def budget_usd() -> float:
+    """TRAINWISE_BUDGET_USD: the next run's budget, > 0 (0 would warn on every forecast)."""
+    return get_float("TRAINWISE_BUDGET_USD", 0.0)
+
+
 def home_dir() -> Path:
     """The state folder (created on first use); everything trainwise writes lives under it.
 
@@ -161,7 +193,8 @@ def check_all() -> None:
     """Checks every typed setting at once (the CLI calls it before any slow work); raises a
     SettingError listing each bad one."""
     problems = []
-    for check in (home_dir, pruning_rate, torch_threads):
+    for check in (home_dir, pruning_rate, torch_threads, min_forecast_savings_usd,
+                  max_eval_loss_regression, budget_usd):
         try:
             check()
         except SettingError as error:

@@ -51,6 +51,8 @@ class SlowTick:
     action: SlowAction | None
     skip_reason: str = ""
     current_pruning_rate: float | None = None
+    # P(reclaim within the horizon) from the run's observed hazard; handed to the trainer.
+    preemption_risk: float | None = None
 
 
 def latest_run(state_dir: Path, partition: str) -> tuple[str, dict[str, Any]] | None:
@@ -73,9 +75,22 @@ def data_summary(scores_loss: np.ndarray) -> DataSummary:
                        share_below_mean=float((scores_loss < mean).mean()))
 
 
+def preemption_risk(reclaims: int, observed_s: float, spot_nodes: int,
+                    horizon_s: float = 600.0) -> float:
+    """P(a reclaim within `horizon_s`) from the run's observed hazard (Poisson): reclaims per
+    second of training seen so far, with half a reclaim added while none has been seen (a spot
+    run that was not reclaimed yet is not risk-free). On-demand only: 0."""
+    if spot_nodes <= 0:
+        return 0.0
+    count = reclaims if reclaims > 0 else 0.5
+    hazard_per_s = count / max(observed_s, horizon_s)
+    return float(1.0 - math.exp(-hazard_per_s * horizon_s))
+
+
 def observe(events: list[dict[str, Any]], request: dict[str, Any],
-            data: DataSummary) -> SlowObservation:
-    """The slow observation of a run from its telemetry records (one on-demand node)."""
+            data: DataSummary, gang_record: dict[str, Any] | None = None) -> SlowObservation:
+    """The slow observation of a run from its telemetry records and the nodes its provider
+    holds for it (`gang.json`; without it: one on-demand node)."""
     steps = [e for e in events if e["type"] == "step"]
     evals = [e for e in events if e["type"] == "eval" and e.get("eval_loss") is not None]
     saves = [e["save_ms"] / 1000.0 for e in events if e["type"] == "checkpoint"]
@@ -85,6 +100,11 @@ def observe(events: list[dict[str, Any]], request: dict[str, Any],
     elapsed_s = last["elapsed_s"] if last else 0.0
     max_steps = int(request["max_steps"])
     mean_step_s = elapsed_s / step if step else 0.0
+    gang_record = gang_record or {}
+    nodes = int(gang_record.get("nodes") or 1)
+    spot_nodes = nodes if gang_record.get("market") == "spot" else 0
+    # Reclaims the provider answered (each also a trainer preemption) or preemptions recorded.
+    preemptions = max(preemptions, int(gang_record.get("reclaims") or 0))
     return SlowObservation(
         time_s=elapsed_s,
         step=step,
@@ -95,10 +115,13 @@ def observe(events: list[dict[str, Any]], request: dict[str, Any],
         progress=Progress(work_done=float(step), work_total=float(max_steps),
                           elapsed_s=elapsed_s,
                           time_left_s=max(0.0, (max_steps - step) * mean_step_s)),
-        cluster=ClusterSummary(nodes=1, spot_nodes=0, on_demand_nodes=1,
+        cluster=ClusterSummary(nodes=nodes, spot_nodes=spot_nodes,
+                               on_demand_nodes=nodes - spot_nodes,
                                preemptions_observed=preemptions, observed_for_s=elapsed_s,
                                checkpoint_cost_s=(sum(saves) / len(saves)) if saves
-                               else math.nan),
+                               else math.nan,
+                               preemption_risk=preemption_risk(preemptions, elapsed_s,
+                                                               spot_nodes)),
     )
 
 
@@ -122,9 +145,52 @@ def decide(state_dir: Path, partition: str,
         return SlowTick(partition, run_id, None, f"no difficulty scores for {partition}")
     table = scoring.read_scores(scores_dir)
     current = curriculum_lib.load_curriculum(state_dir / "curricula" / partition)
-    observation = observe(events, request, data_summary(np.asarray(table.loss)))
+    from trainwise.gang import read_gang
+
+    observation = observe(events, request, data_summary(np.asarray(table.loss)),
+                          read_gang(state_dir / "runs" / run_id))
     action = (policy or HeuristicSlowPolicy()).act(observation)
-    return SlowTick(partition, run_id, action, current_pruning_rate=current.pruning_rate)
+    return SlowTick(partition, run_id, action, current_pruning_rate=current.pruning_rate,
+                    preemption_risk=observation.cluster.preemption_risk)
+
+
+def apply_run_decisions(state_dir: Path, tick: SlowTick) -> dict[str, Any]:
+    """Hands a tick's operational decisions to the live run, at once (they change how it runs,
+    not what it learns from, so no curriculum gate): the checkpoint interval and the preemption
+    risk through the run's live-control file (`training.live_control`, read by the trainer at its
+    next fast tick), and a new allocation through `allocation.json` (the run's provider session
+    checkpoints, releases, launches the new nodes and resumes). Recorded in the run folder's
+    `slow_decisions.jsonl` and returned."""
+    from training.live_control import LIVE_CONTROL_FILE, write_live_control
+    from trainwise import gang
+
+    if tick.action is None or tick.run_id is None:
+        return {"status": f"nothing to apply: {tick.skip_reason}"}
+    run_dir = Path(state_dir) / "runs" / tick.run_id
+    action = tick.action
+    record: dict[str, Any] = {"event": "slow_decisions", "run_id": tick.run_id,
+                              "at_s": time.time(), "reason": action.reason}
+    interval = action.checkpoint_interval_s
+    interval = float(interval) if interval is not None and math.isfinite(interval) and (
+        interval > 0) else None
+    if interval is not None or tick.preemption_risk is not None:
+        write_live_control(run_dir / LIVE_CONTROL_FILE, checkpoint_interval_s=interval,
+                           preemption_risk=tick.preemption_risk,
+                           reason=f"slow policy: {action.reason}"[:500], source="slow_policy")
+        record.update(checkpoint_interval_s=interval, preemption_risk=tick.preemption_risk)
+    current = gang.read_allocation(run_dir)
+    held = gang.read_gang(run_dir) or {}
+    if current is None and held.get("allocation"):
+        current = gang.Allocation(**held["allocation"])
+    wanted = gang.allocation_from_action(action.allocation, current)
+    if wanted is not None and (current is None or not wanted.same_nodes(current)):
+        gang.write_allocation(run_dir, wanted)
+        record["allocation"] = {"market": wanted.market, "zone": wanted.zone,
+                                "nodes": wanted.nodes}
+    record["status"] = "applied"
+    with open(run_dir / "slow_decisions.jsonl", "a", encoding="utf-8") as log:
+        log.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+    return record
 
 
 def live_change_rule(state_dir: Path) -> dict[str, Any]:

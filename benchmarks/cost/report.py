@@ -1,157 +1,271 @@
-"""Turn suite outcomes into per-policy figures, markdown tables and the cost-vs-slack plot."""
+"""Turn suite outcomes into out-of-sample figures, markdown tables and the cost-vs-slack plot.
+
+Headline cells are one protocol x setting x kind x collection x instance type (one price, so a
+ratio of means is not dominated by a pricier type); every figure carries its window count, its
+independent-window count and a block-bootstrap 95% interval (`stats.py`). Synthetic markets get
+rows of their own, marked, never pooled with recorded ones.
+"""
 
 from __future__ import annotations
 
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from benchmarks.cost.protocol import LOCO, LTO
+from benchmarks.cost.stats import block_bootstrap, independent_windows, robustness, time_blocks
 from benchmarks.cost.suite import ScenarioOutcome
 from benchmarks.results_io import current_umask
 
 ORACLE = "oracle"
+TRAINWISE = "trainwise_heuristic"
+BASELINE = "uniform_progress"
+ON_DEMAND = "on_demand"
 
 
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def summarize(outcomes: list[ScenarioOutcome], policies: tuple[str, ...]) -> list[dict[str, Any]]:
-    """Per (setting, kind, policy): cost mean/median/p90, mean cost relative to the deadline-met
-    oracle, share of deadlines met, spot share, waste share, utilization; plus an oracle row."""
-    rows: list[dict[str, Any]] = []
-    keys = sorted({(o.scenario.setting.name, o.scenario.kind) for o in outcomes})
-    for setting, kind in keys:
-        group = [
-            o for o in outcomes if (o.scenario.setting.name, o.scenario.kind) == (setting, kind)
-        ]
-        oracle = np.array([o.oracle_met_usd for o in group])
-        rows.append(_row(setting, kind, ORACLE, oracle, oracle, None))
-        for name in policies:
-            costs = np.array([o.results[name]["cost_usd"] for o in group])
-            rows.append(_row(setting, kind, name, costs, oracle, [o.results[name] for o in group]))
-    return rows
+def _grouped(outcomes: list[ScenarioOutcome], key: Callable[[ScenarioOutcome], tuple]
+             ) -> dict[tuple, list[ScenarioOutcome]]:
+    groups: dict[tuple, list[ScenarioOutcome]] = {}
+    for outcome in outcomes:
+        groups.setdefault(key(outcome), []).append(outcome)
+    return dict(sorted(groups.items(), key=lambda kv: tuple(map(str, kv[0]))))
 
 
-def _row(
-    setting: str,
-    kind: str,
-    name: str,
-    costs: np.ndarray,
-    oracle: np.ndarray,
-    results: list[dict[str, Any]] | None,
-) -> dict[str, Any]:
-    def mean_of(key: str) -> float | None:
-        return None if results is None else float(np.mean([r[key] for r in results]))
-
-    return {
-        "setting": setting,
-        "kind": kind,
-        "policy": name,
-        "scenarios": int(costs.size),
-        "mean_usd": float(costs.mean()),
-        "median_usd": float(np.median(costs)),
-        "p90_usd": float(np.percentile(costs, 90)),
-        "vs_oracle_mean": float(np.mean(costs / oracle)),
-        "deadlines_met": 1.0 if results is None else mean_of("deadline_met"),
-        "spot_share": mean_of("spot_share"),
-        "waste_share": mean_of("waste_share"),
-        "utilization": mean_of("utilization"),
-    }
+def cell_key(o: ScenarioOutcome) -> tuple[str, str, str, str, str]:
+    """A headline cell: one protocol, setting, kind, collection and instance type (one price)."""
+    s = o.scenario
+    return (s.protocol, s.setting.name, s.kind, s.folder, s.instance_type)
 
 
-def by_folder(outcomes: list[ScenarioOutcome], policies: tuple[str, ...]) -> list[dict[str, Any]]:
-    """Mean cost relative to the oracle and deadlines met, per setting, kind, folder and policy."""
+def window_blocks(group: list[ScenarioOutcome]) -> tuple[np.ndarray, int]:
+    """(bootstrap block per window, independent windows) of a group; see stats.py."""
+    collections = [o.scenario.source_folder or o.scenario.folder for o in group]
+    starts = [o.scenario.start_tick for o in group]
+    lengths = [max(1, o.scenario.window_ticks) for o in group]
+    blocks = time_blocks(collections, starts, lengths)
+    independent = 0
+    for collection in dict.fromkeys(collections):
+        mine = [i for i, c in enumerate(collections) if c == collection]
+        independent += independent_windows([starts[i] for i in mine], lengths[mine[0]])
+    return blocks, independent
+
+
+def _costs(group: list[ScenarioOutcome], name: str) -> np.ndarray:
+    return np.array([o.results[name]["cost_usd"] for o in group])
+
+
+def goal_for(setting: str, kind: str, synthetic: bool) -> str:
+    """Issue 9's goal for a cell, in words (evaluated by `goal_met`)."""
+    if synthetic:
+        return "none (synthetic)"
+    if setting == "single_node":
+        return ("/oracle <= 1.03 and /uniform_progress < 1" if kind == "single_zone"
+                else "/oracle <= 1.02 and /uniform_progress < 1")
+    gang = "/uniform_progress upper < 1, costlier than on-demand <= 1%"
+    return gang if kind == "single_zone" else "/oracle <= 1.02, " + gang
+
+
+def goal_met(row: dict[str, Any]) -> bool | None:
+    if row["synthetic"]:
+        return None
+    ok = row["deadline_misses"] == 0
+    vs_up, vs_oracle = row["vs_uniform_progress"], row["vs_oracle"]
+    if row["setting"] == "single_node":
+        limit = 1.03 if row["kind"] == "single_zone" else 1.02
+        return bool(ok and vs_oracle["value"] <= limit and vs_up["value"] < 1.0)
+    upper = vs_up["high"] if vs_up["high"] is not None else vs_up["value"]
+    ok = ok and upper < 1.0 and (row["costlier_than_on_demand_share"] or 0.0) <= 0.01
+    if row["kind"] == "multi_zone":
+        ok = ok and vs_oracle["value"] <= 1.02
+    return bool(ok)
+
+
+def headline_rows(outcomes: list[ScenarioOutcome]) -> list[dict[str, Any]]:
+    """trainwise_heuristic per cell: mean cost and its ratios of means to uniform_progress and to
+    the deadline-met oracle on the same windows, each with a block-bootstrap 95% interval.
+    Empty when trainwise_heuristic or uniform_progress did not run."""
     rows = []
-    keys = sorted({(o.scenario.setting.name, o.scenario.kind, o.scenario.folder) for o in outcomes})
-    for setting, kind, folder in keys:
-        group = [
-            o
-            for o in outcomes
-            if (o.scenario.setting.name, o.scenario.kind, o.scenario.folder)
-            == (setting, kind, folder)
-        ]
-        oracle = np.array([o.oracle_met_usd for o in group])
-        for name in policies:
-            costs = np.array([o.results[name]["cost_usd"] for o in group])
-            met = np.mean([o.results[name]["deadline_met"] for o in group])
-            rows.append(
-                {
-                    "setting": setting,
-                    "kind": kind,
-                    "folder": folder,
-                    "policy": name,
-                    "scenarios": len(group),
-                    "mean_usd": float(costs.mean()),
-                    "oracle_mean_usd": float(oracle.mean()),
-                    "vs_oracle_mean": float(np.mean(costs / oracle)),
-                    "deadlines_met": float(met),
-                }
-            )
-    return rows
-
-
-TRAINWISE = "trainwise_heuristic"
-BASELINE = "uniform_progress"
-
-
-def trainwise_goals(outcomes: list[ScenarioOutcome]) -> list[dict[str, Any]]:
-    """trainwise_heuristic against issue 4's goals per setting, kind and folder, all deadlines
-    met: single-zone, mean cost at least 10% under uniform_progress on the same windows;
-    multi-zone, mean cost / oracle at most 1.10. Also the oracle's own ratio to uniform_progress
-    (the best any policy could reach). Empty when either policy did not run."""
-    rows = []
-    keys = sorted({(o.scenario.setting.name, o.scenario.kind, o.scenario.folder) for o in outcomes})
-    for setting, kind, folder in keys:
-        group = [
-            o for o in outcomes
-            if (o.scenario.setting.name, o.scenario.kind, o.scenario.folder)
-            == (setting, kind, folder)
-        ]
+    for (protocol, setting, kind, folder, instance_type), group in _grouped(
+            outcomes, cell_key).items():
         if any(TRAINWISE not in o.results or BASELINE not in o.results for o in group):
             return []
-        tw = np.array([o.results[TRAINWISE]["cost_usd"] for o in group])
-        up = np.array([o.results[BASELINE]["cost_usd"] for o in group])
+        blocks, independent = window_blocks(group)
+        tw, up = _costs(group, TRAINWISE), _costs(group, BASELINE)
         oracle = np.array([o.oracle_met_usd for o in group])
-        met = float(np.mean([o.results[TRAINWISE]["deadline_met"] for o in group]))
-        vs_up = float(tw.mean() / up.mean())
-        vs_oracle = float(np.mean(tw / oracle))
-        goal = vs_up <= 0.90 if kind == "single_zone" else vs_oracle <= 1.10
-        rows.append({
-            "setting": setting, "kind": kind, "folder": folder, "scenarios": len(group),
-            "trainwise_mean_usd": float(tw.mean()), "uniform_progress_mean_usd": float(up.mean()),
-            "oracle_mean_usd": float(oracle.mean()), "vs_uniform_progress": vs_up,
-            "vs_uniform_progress_mean_ratio": float(np.mean(tw / up)),
-            "oracle_vs_uniform_progress": float(oracle.mean() / up.mean()),
-            "vs_oracle_mean": vs_oracle, "deadlines_met": met,
-            "goal": "cost <= 0.90 x uniform_progress" if kind == "single_zone"
-            else "cost / oracle <= 1.10",
-            "goal_met": bool(goal and met == 1.0),
-        })
+        finite = np.isfinite(oracle)
+        met = np.array([o.results[TRAINWISE]["deadline_met"] for o in group])
+        costlier = None
+        if all(ON_DEMAND in o.results for o in group):
+            costlier = robustness(tw, _costs(group, ON_DEMAND), met)[
+                "costlier_than_on_demand_share"]
+        row = {
+            "protocol": protocol, "setting": setting, "kind": kind, "collection": folder,
+            "instance_type": instance_type,
+            "synthetic": group[0].scenario.setting.synthetic,
+            "windows": len(group), "independent_windows": independent,
+            "trainwise_mean_usd": block_bootstrap(tw, None, blocks).as_dict(),
+            "vs_uniform_progress": block_bootstrap(tw, up, blocks).as_dict(),
+            "vs_oracle": block_bootstrap(tw[finite], oracle[finite], blocks[finite]).as_dict(),
+            "oracle_vs_uniform_progress": float(oracle[finite].sum() / up[finite].sum()),
+            "deadline_misses": int((~met).sum()),
+            "costlier_than_on_demand_share": costlier,
+        }
+        row["goal"] = goal_for(setting, kind, row["synthetic"])
+        row["goal_met"] = goal_met(row)
+        rows.append(row)
     return rows
 
 
-def goals_table(rows: list[dict[str, Any]]) -> str:
+def policy_rows(outcomes: list[ScenarioOutcome], policies: tuple[str, ...]
+                ) -> list[dict[str, Any]]:
+    """Per protocol, setting, kind and policy: mean of per-window cost / oracle (scale-free, so
+    cells of different prices can share a row) with its interval, spot share, and robustness:
+    worst window vs on-demand, share of windows costlier than on-demand, deadline misses."""
+    rows = []
+    key = lambda o: (o.scenario.protocol, o.scenario.setting.name, o.scenario.kind)  # noqa: E731
+    for (protocol, setting, kind), group in _grouped(outcomes, key).items():
+        blocks, independent = window_blocks(group)
+        oracle = np.array([o.oracle_met_usd for o in group])
+        finite = np.isfinite(oracle)
+        has_on_demand = all(ON_DEMAND in o.results for o in group)
+        for name in policies:
+            costs = _costs(group, name)
+            met = np.array([o.results[name]["deadline_met"] for o in group])
+            row = {
+                "protocol": protocol, "setting": setting, "kind": kind, "policy": name,
+                "synthetic": group[0].scenario.setting.synthetic,
+                "windows": len(group), "independent_windows": independent,
+                "vs_oracle_mean_of_ratios": block_bootstrap(
+                    costs[finite] / oracle[finite], None, blocks[finite]).as_dict(),
+                "spot_share": float(np.mean([o.results[name]["spot_share"] for o in group])),
+                "deadline_misses": int((~met).sum()),
+                "worst_vs_on_demand": None, "costlier_than_on_demand_share": None,
+            }
+            if has_on_demand:
+                row.update(robustness(costs, _costs(group, ON_DEMAND), met))
+            rows.append(row)
+    return rows
+
+
+def _ci(cell: dict[str, Any], digits: int = 3) -> str:
+    value = f"{cell['value']:.{digits}f}"
+    if cell["low"] is None:
+        return f"{value} [n/a: {cell['blocks']} blocks]"
+    return f"{value} [{cell['low']:.{digits}f}, {cell['high']:.{digits}f}]"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def headline_table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| setting | kind | folder | scenarios | trainwise USD | vs uniform_progress (ratio of "
-        "means; mean of ratios) | oracle vs uniform_progress | vs oracle | deadlines met | goal "
-        "| met |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|",
+        "| setting | kind | collection | type | windows | independent | trainwise USD [95%] | "
+        "/ uniform_progress [95%] | / oracle [95%] | oracle / uniform_progress | misses | "
+        "costlier than on-demand | goal | met |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in rows:
+        met = "-" if r["goal_met"] is None else ("yes" if r["goal_met"] else "no")
         lines.append(
-            f"| {r['setting']} | {r['kind']} | {r['folder']} | {r['scenarios']} | "
-            f"{r['trainwise_mean_usd']:.2f} | {r['vs_uniform_progress']:.3f}; "
-            f"{r['vs_uniform_progress_mean_ratio']:.3f} | {r['oracle_vs_uniform_progress']:.3f} | "
-            f"{r['vs_oracle_mean']:.3f} | {r['deadlines_met']:.0%} | {r['goal']} | "
-            f"{'yes' if r['goal_met'] else 'no'} |"
-        )
+            f"| {r['setting']} | {r['kind']} | {r['collection']} | {r['instance_type']} | "
+            f"{r['windows']} | {r['independent_windows']} | {_ci(r['trainwise_mean_usd'], 2)} | "
+            f"{_ci(r['vs_uniform_progress'])} | {_ci(r['vs_oracle'])} | "
+            f"{r['oracle_vs_uniform_progress']:.3f} | {r['deadline_misses']} | "
+            f"{_pct(r['costlier_than_on_demand_share'])} | {r['goal']} | {met} |")
     return "\n".join(lines)
 
+
+def policy_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| policy | windows | independent | cost / oracle, mean of ratios [95%] | spot share | "
+        "worst window / on-demand | costlier than on-demand | deadline misses |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        worst = "-" if r["worst_vs_on_demand"] is None else f"{r['worst_vs_on_demand']:.3f}"
+        lines.append(
+            f"| {r['policy']} | {r['windows']} | {r['independent_windows']} | "
+            f"{_ci(r['vs_oracle_mean_of_ratios'])} | {_pct(r['spot_share'])} | {worst} | "
+            f"{_pct(r['costlier_than_on_demand_share'])} | {r['deadline_misses']} |")
+    return "\n".join(lines)
+
+
+PROTOCOL_TITLES = {
+    LOCO: "leave-one-collection-out (risk model fitted on the other collections only)",
+    LTO: "leave-time-out (risk model fitted on the first half of the same collection; windows "
+         "start in the second half)",
+}
+
+
+def render_markdown(payload: dict[str, Any], policies: tuple[str, ...]) -> str:
+    heads, prows = payload["headline"], payload["policy_rows"]
+    titles = {s["name"]: s["title"] for s in payload["settings"]}
+    parts = ["# Cost suite: out-of-sample cost of every policy against the hindsight oracle",
+             "", payload["notes"]]
+    for protocol in (LOCO, LTO):
+        real = [r for r in heads if r["protocol"] == protocol and not r["synthetic"]]
+        if real:
+            parts += ["", f"## Headline, {PROTOCOL_TITLES[protocol]}", "",
+                      headline_table(real)]
+    for protocol in (LOCO, LTO):
+        for setting in payload["settings"]:
+            if setting["synthetic"]:
+                continue
+            for kind in ("single_zone", "multi_zone"):
+                mine = [r for r in prows if (r["protocol"], r["setting"], r["kind"])
+                        == (protocol, setting["name"], kind)]
+                if mine:
+                    parts += ["", f"### Every policy, {protocol}: {titles[setting['name']]} - "
+                              f"{kind.replace('_', '-')}", "", policy_table(mine)]
+    synthetic = [r for r in heads if r["synthetic"]]
+    if synthetic:
+        parts += ["", "## SYNTHETIC market (not a headline, never pooled with a real one)", "",
+                  "Built from shifted copies of the 4-node trace; leave-one-collection-out only "
+                  "(a time split of a shifted-copy market would leak).", "",
+                  headline_table(synthetic)]
+        for r in synthetic:
+            mine = [p for p in prows if (p["protocol"], p["setting"], p["kind"])
+                    == (r["protocol"], r["setting"], r["kind"])]
+            parts += ["", f"### Every policy, SYNTHETIC {r['setting']} - {r['kind']}", "",
+                      policy_table(mine)]
+    parts += [
+        "", "## Cost vs deadline slack (leave-one-collection-out)", "",
+        f"Single-node job, single-zone, folder {payload['sweep_folder']} "
+        "(plot: `cost_vs_slack.png`); mean USD per job.", "",
+        "| deadline h | slack | " + " | ".join([ORACLE, *policies]) + " |",
+        "|---:|---:|" + "---:|" * (len(policies) + 1),
+    ]
+    for deadline_h in sorted({p["deadline_h"] for p in payload["sweep"]}):
+        cells = {p["policy"]: p for p in payload["sweep"] if p["deadline_h"] == deadline_h}
+        slack = next(iter(cells.values()))["slack"]
+        parts.append(
+            f"| {deadline_h:g} | {slack:.1%} | "
+            + " | ".join(
+                f"{cells[n]['mean_usd']:.2f}"
+                + ("" if cells[n]["deadlines_met"] == 1.0
+                   else f" ({cells[n]['deadlines_met']:.0%} met)")
+                for n in [ORACLE, *policies])
+            + " |")
+    timing = payload["timing"]
+    parts += [
+        "", "## Timing", "",
+        f"Suite wall time: {timing['suite_wall_s']:.1f} s. Replaying the whole 45-day trace "
+        "(20,158 ticks, one zone) for one policy: "
+        + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in timing["full_trace_s"].items()) + ".",
+        "", f"Oracle violations (a policy cheaper than its bound): "
+        f"{len(payload['oracle_violations'])}.",
+    ]
+    return "\n".join(parts) + "\n"
 
 def sweep_points(
     outcomes: list[ScenarioOutcome], policies: tuple[str, ...], train_h: float
@@ -185,150 +299,6 @@ def sweep_points(
                 }
             )
     return points
-
-
-def up_vs_greedy(summary: list[dict[str, Any]]) -> list[str]:
-    """One sentence per (setting, kind): does uniform_progress beat greedy_spot at 100% met?"""
-    lines = []
-    for setting, kind in sorted({(r["setting"], r["kind"]) for r in summary}):
-        rows = {r["policy"]: r for r in summary if (r["setting"], r["kind"]) == (setting, kind)}
-        up, greedy = rows.get("uniform_progress"), rows.get("greedy_spot")
-        if not up or not greedy:
-            continue
-        both_met = up["deadlines_met"] == 1.0 and greedy["deadlines_met"] == 1.0
-        saving = 1.0 - up["mean_usd"] / greedy["mean_usd"]
-        verdict = "beats" if saving > 0 else "does not beat"
-        met_note = (
-            "both meet 100% of deadlines"
-            if both_met
-            else f"deadlines met: uniform_progress {up['deadlines_met']:.1%}, "
-            f"greedy_spot {greedy['deadlines_met']:.1%}"
-        )
-        lines.append(
-            f"- {setting} / {kind}: uniform_progress {verdict} greedy_spot "
-            f"({up['mean_usd']:.2f} vs {greedy['mean_usd']:.2f} USD mean, "
-            f"{saving:+.1%}); {met_note}."
-        )
-    return lines
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
-
-
-def summary_table(summary: list[dict[str, Any]], setting: str, kind: str) -> str:
-    lines = [
-        (
-            "| policy | mean USD | median USD | p90 USD | vs oracle | deadlines met | spot share | "
-            "waste share | utilization |"
-        ),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in summary:
-        if (r["setting"], r["kind"]) != (setting, kind):
-            continue
-        lines.append(
-            f"| {r['policy']} | {r['mean_usd']:.2f} | {r['median_usd']:.2f} | {r['p90_usd']:.2f} | "
-            f"{r['vs_oracle_mean']:.3f} | {_pct(r['deadlines_met'])} | {_pct(r['spot_share'])} | "
-            f"{_pct(r['waste_share'])} | {_pct(r['utilization'])} |"
-        )
-    return "\n".join(lines)
-
-
-def folder_table(
-    rows: list[dict[str, Any]], setting: str, kind: str, policies: tuple[str, ...]
-) -> str:
-    folders = sorted({r["folder"] for r in rows if (r["setting"], r["kind"]) == (setting, kind)})
-    header = "| folder | scenarios | oracle USD | " + " | ".join(policies) + " |"
-    lines = [header, "|---|---:|---:|" + "---:|" * len(policies)]
-    for folder in folders:
-        cells = {
-            r["policy"]: r
-            for r in rows
-            if (r["setting"], r["kind"], r["folder"]) == (setting, kind, folder)
-        }
-        first = next(iter(cells.values()))
-        lines.append(
-            f"| {folder} | {first['scenarios']} | {first['oracle_mean_usd']:.2f} | "
-            + " | ".join(
-                f"{cells[p]['vs_oracle_mean']:.3f} ({cells[p]['deadlines_met']:.0%})"
-                for p in policies
-            )
-            + " |"
-        )
-    return "\n".join(lines)
-
-
-def render_markdown(payload: dict[str, Any], policies: tuple[str, ...]) -> str:
-    summary = payload["summary"]
-    parts = ["# Cost suite: peers vs the hindsight oracle on real spot traces", ""]
-    parts.append(payload["notes"])
-    for setting in payload["settings"]:
-        for kind in ("single_zone", "multi_zone"):
-            if not any((r["setting"], r["kind"]) == (setting["name"], kind) for r in summary):
-                continue
-            parts += [
-                "",
-                f"## {setting['title']} - {kind.replace('_', '-')}",
-                "",
-                summary_table(summary, setting["name"], kind),
-                "",
-                "Per folder: mean cost relative to the oracle (deadlines met):",
-                "",
-                folder_table(payload["by_folder"], setting["name"], kind, policies),
-            ]
-    if payload.get("trainwise_goals"):
-        parts += [
-            "",
-            "## trainwise_heuristic against its goals, per trace folder",
-            "",
-            payload.get("trainwise_notes", ""),
-            "",
-            goals_table(payload["trainwise_goals"]),
-        ]
-    parts += ["", "## Does uniform_progress beat greedy_spot at 100% deadlines met?", ""]
-    parts += payload["up_vs_greedy"]
-    parts += [
-        "",
-        "## Cost vs deadline slack",
-        "",
-        (
-            f"Single-node job, single-zone, folder {payload['sweep_folder']} "
-            "(plot: `cost_vs_slack.png`)."
-        ),
-        "",
-        "| deadline h | slack | " + " | ".join([ORACLE, *policies]) + " |",
-        "|---:|---:|" + "---:|" * (len(policies) + 1),
-    ]
-    for deadline_h in sorted({p["deadline_h"] for p in payload["sweep"]}):
-        cells = {p["policy"]: p for p in payload["sweep"] if p["deadline_h"] == deadline_h}
-        slack = next(iter(cells.values()))["slack"]
-        parts.append(
-            f"| {deadline_h:g} | {slack:.1%} | "
-            + " | ".join(
-                f"{cells[n]['mean_usd']:.2f}"
-                + (
-                    ""
-                    if cells[n]["deadlines_met"] == 1.0
-                    else f" ({cells[n]['deadlines_met']:.0%} met)"
-                )
-                for n in [ORACLE, *policies]
-            )
-            + " |"
-        )
-    timing = payload["timing"]
-    parts += [
-        "",
-        "## Timing",
-        "",
-        f"Suite wall time: {timing['suite_wall_s']:.1f} s. Replaying the whole 45-day trace "
-        "(20,158 ticks, one zone) for one policy: "
-        + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in timing["full_trace_s"].items())
-        + ".",
-    ]
-    violations = payload["oracle_violations"]
-    parts += ["", f"Oracle violations (a policy cheaper than its bound): {len(violations)}."]
-    return "\n".join(parts) + "\n"
 
 
 def plot_cost_vs_slack(points: list[dict[str, Any]], path: Path) -> None:
@@ -389,6 +359,7 @@ def _rounded(row: dict[str, Any]) -> dict[str, Any]:
 def scenario_records(outcomes: list[ScenarioOutcome]) -> list[dict[str, Any]]:
     return [
         {
+            "protocol": o.scenario.protocol,
             "setting": o.scenario.setting.name,
             "kind": o.scenario.kind,
             "folder": o.scenario.folder,

@@ -1,26 +1,32 @@
 """The cost suite: every policy and the hindsight oracle on the same real-trace windows.
 
 Settings (each a job shape on some trace folders):
-- `single_node`: the Can't Be Late setting (Wu et al., NSDI'24): 1 node, 48 h of training, a 52 h
-  deadline, 0.1 h changeover; on p3.2xlarge traces on-demand 3.06 USD/h and spot 0.9731 USD/h as in
-  the paper. The same job runs on every 1-node trace folder; the K80 and 8-GPU traces of the
-  2022-10 folder price their own instance type (list price, spot from the Spot Advisor saving).
+- `single_node`: the job shape of Can't Be Late (Wu et al., NSDI'24): 1 node, 48 h of training, a
+  52 h deadline, 0.1 h changeover; on p3.2xlarge traces on-demand 3.06 USD/h and spot 0.9731 USD/h
+  as in the paper. Not that paper's exact setting (this one saves checkpoints; see
+  `benchmarks/cant_be_late`). The same job runs on every 1-node trace folder; the K80 and 8-GPU
+  traces of the 2022-10 folder price their own instance type (list price, spot from the Spot
+  Advisor saving) and are reported as cells of their own, never pooled with other prices.
+- `gang_4node`: 4 x p3.2xlarge in one synchronous gang, 160 GPU-h of work, a 52 h deadline, on
+  the REAL 4-node market as recorded (values 0..4 per zone).
 - `multi_node`: 16 x p3.2xlarge in one synchronous gang, 640 GPU-h of work, a 52 h deadline, on
   a SYNTHETIC market: the 4-node trace scaled to 16 nodes as 4 pools: the zone's availability at
   tick i is the sum of the 4-node trace at ticks i, i+1 d, i+2 d, i+3 d (`scaled_availability`).
   Its scenarios' folder reads "synthetic: ..." in every table. A collection that records
   `node_count` nodes per file is used as recorded instead; any other cluster size is refused.
-  Stragglers (mean slowest-of-16 inflation from the Alibaba traces) and node faults (from the
-  InfiniteHBD fault log, seeded per scenario) are on.
+  Never a headline, never pooled with a real market. Stragglers (mean slowest-of-N inflation from
+  the Alibaba traces) and node faults (from the InfiniteHBD fault log, seeded per scenario) are on
+  in both gang settings.
 
-Both settings share the rules: checkpoint save 60 s every hour of training, 120 s spot notice
+All settings share the rules: checkpoint save 60 s every hour of training, 120 s spot notice
 (a save fits it), per-second billing.
 
 Two scenario kinds, each with its own oracle:
 - single-zone: one trace file, one window; the job stays in that zone;
 - multi-zone: the zones of one folder with the same node shape, one window, a home zone (each
   zone in turn): single-zone policies stay home, failover policies may move, paying a changeover.
-Windows per zone are evenly spaced start ticks over the trace.
+Windows per zone are evenly spaced start ticks over the trace (leave-one-collection-out) or over
+its later part (leave-time-out); see `protocol.py` for what trainwise's risk model is fitted on.
 """
 
 from __future__ import annotations
@@ -35,6 +41,18 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.cost.protocol import (
+    LOCO,
+    LTO,
+    PROTOCOLS,
+    FitSplit,
+    at_window_start,
+    fit_for_split,
+    loco_split,
+    lto_split,
+    lto_split_tick,
+)
+from cloud.collections import COLLECTION_FILE
 from cloud.faults import FaultSampler, load_fault_trace
 from cloud.oracle import hindsight_optimum
 from cloud.policy_registry import make_policy, policy_names
@@ -42,10 +60,16 @@ from cloud.prices import (
     CANT_BE_LATE_ON_DEMAND_USD_PER_HOUR,
     CANT_BE_LATE_SPOT_USD_PER_HOUR,
 )
-from cloud.risk_fit import AvailabilityHistory, fit_risk_model, folder_histories
+from cloud.risk_fit import AvailabilityHistory, folder_histories
 from cloud.simulator import ClusterRules, JobSpec, Market, market_from_traces, simulate
 from cloud.stragglers import StragglerSampler, load_step_inflation
-from cloud.traces import SpotTrace, group_by_shape, load_folder, scaled_availability
+from cloud.traces import (
+    SpotTrace,
+    default_spot_dir,
+    group_by_shape,
+    load_folder,
+    scaled_availability,
+)
 from controllers.preemption_risk import PreemptionRiskModel
 
 SINGLE_NODE_FOLDERS = (
@@ -77,6 +101,11 @@ class Setting:
     stragglers: bool = False
     faults: bool = False
 
+    @property
+    def synthetic(self) -> bool:
+        """Its market is built from shifted copies, not recorded: labelled, never a headline."""
+        return self.copies > 1
+
     def job(self, gpus_per_node: int, deadline_h: float | None = None) -> JobSpec:
         return JobSpec(
             work_gpu_h=self.train_h * self.node_count * gpus_per_node,
@@ -88,7 +117,8 @@ class Setting:
 
 SINGLE_NODE = Setting(
     name="single_node",
-    title="Can't Be Late setting: 1 node, 48 h of work, 52 h deadline, 0.1 h changeover",
+    title="1 node, 48 h of work, 52 h deadline, 0.1 h changeover, 60 s hourly saves (the job "
+    "shape of Can't Be Late, not its exact setting)",
     folders=SINGLE_NODE_FOLDERS,
     node_count=1,
     train_h=48.0,
@@ -96,7 +126,7 @@ SINGLE_NODE = Setting(
 )
 MULTI_NODE = Setting(
     name="multi_node",
-    title="16 x p3.2xlarge gang, 640 GPU-h of work, 52 h deadline, SYNTHETIC market (4-node "
+    title="SYNTHETIC market: 16 x p3.2xlarge gang, 640 GPU-h of work, 52 h deadline (4-node "
     "trace x 4 pools shifted 1 d)",
     folders=(MULTI_NODE_FOLDER,),
     node_count=16,
@@ -107,7 +137,18 @@ MULTI_NODE = Setting(
     stragglers=True,
     faults=True,
 )
-SETTINGS = (SINGLE_NODE, MULTI_NODE)
+GANG_4NODE = Setting(
+    name="gang_4node",
+    title="4 x p3.2xlarge gang on the real 4-node market as recorded, 160 GPU-h of work, 52 h "
+    "deadline",
+    folders=(MULTI_NODE_FOLDER,),
+    node_count=4,
+    train_h=40.0,
+    deadline_h=52.0,
+    stragglers=True,
+    faults=True,
+)
+SETTINGS = (SINGLE_NODE, GANG_4NODE, MULTI_NODE)
 
 
 @dataclass
@@ -128,8 +169,16 @@ class Scenario:
     # for a synthetic market); the risk model's prior leaves this one out.
     source_folder: str = ""
     # The whole market the window was cut from (all zones of the folder and node shape): policies
-    # that learn from history may read it before `start_tick` only (see `policy_for`).
+    # that learn from history may read what `fit_split` allows, and the runs in progress at
+    # `start_tick` (see `risk_model_for`).
     trace_market: Market | None = None
+    # What trainwise's risk model is fitted on for this window (protocol.py).
+    fit_split: FitSplit | None = None
+    window_ticks: int = 0
+
+    @property
+    def protocol(self) -> str:
+        return self.fit_split.protocol if self.fit_split else "in_sample"
 
 
 @dataclass
@@ -230,12 +279,24 @@ def build_scenarios(
     max_zones: int | None = None,
     folders: tuple[str, ...] | None = None,
     starts_deadline_h: float | None = None,
+    protocol: str = LOCO,
 ) -> list[Scenario]:
-    """Scenarios of `setting`. `starts_deadline_h` places the windows as if the deadline were
-    that long, so a sweep over deadlines starts every deadline's windows at the same ticks."""
+    """Scenarios of `setting` under `protocol` (LOCO: windows over the whole trace, each scored
+    with a model fitted on the other collections; LTO: windows after the split tick only, the
+    model fitted on the ticks before it). `starts_deadline_h` places the windows as if the
+    deadline were that long, so a sweep over deadlines starts every deadline's windows at the
+    same ticks."""
     deadline_h = deadline_h if deadline_h is not None else setting.deadline_h
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol {protocol!r} must be one of {PROTOCOLS}")
+    if protocol == LTO and setting.synthetic:
+        # Synthetic tick i sums raw ticks up to i + (copies - 1) offsets: a time split of it
+        # would let the fit read raw hours the scored windows also use.
+        raise ValueError(f"setting {setting.name!r} is a synthetic market; leave-time-out "
+                         "cannot split it without leaking; use leave-one-collection-out")
     if folders is not None:
         setting = replace(setting, folders=folders)
+    collections = all_collections()
     scenarios: list[Scenario] = []
     for group in zone_groups(setting, max_zones):
         job = setting.job(group.gpus_per_node, deadline_h)
@@ -245,7 +306,14 @@ def build_scenarios(
             starts_ticks = max(
                 window_ticks, math.floor(starts_deadline_h * 3600 / group.market.tick_s)
             )
-        starts = window_starts(group.market.n_ticks, starts_ticks, windows_per_zone)
+        if protocol == LOCO:
+            split = loco_split(group.folder, collections)
+            starts = window_starts(group.market.n_ticks, starts_ticks, windows_per_zone)
+        else:
+            first = lto_split_tick(group.market.n_ticks, starts_ticks)
+            split = lto_split(group.folder, first)
+            starts = [first + s for s in window_starts(
+                group.market.n_ticks - first, starts_ticks, windows_per_zone)]
         # Identifies the scenario family in oracle keys and seeds.
         key = (setting.name, deadline_h, group.folder, group.instance_type)
         for start in starts:
@@ -262,6 +330,8 @@ def build_scenarios(
                     "rules": rules,
                     "deadline_h": deadline_h,
                     "trace_market": group.market,
+                    "fit_split": split,
+                    "window_ticks": window_ticks,
                 }
                 if "single_zone" in kinds:
                     scenarios.append(
@@ -358,31 +428,35 @@ def run_scenarios(
 
 
 def risk_model_for(scenario: Scenario) -> PreemptionRiskModel:
-    """The hazard model trainwise_heuristic gets for a scenario, fitted by `cloud/risk_fit.py`'s
-    protocol: the scenario's market (all zones of its folder and shape) before the window start,
-    with the other trace folders as the prior. Cached per market and cutoff."""
+    """The hazard model trainwise_heuristic gets for a scenario: fitted once per split and market
+    on what `scenario.fit_split` allows (protocol.py), then given the runs in progress at the
+    window's start."""
     market = scenario.trace_market
-    if market is None:
-        raise ValueError("scenario has no trace_market to fit a risk model on")
-    source = scenario.source_folder or scenario.folder
-    key = (scenario.setting.name, source, scenario.instance_type, scenario.start_tick)
+    if market is None or scenario.fit_split is None:
+        raise ValueError("scenario has no trace_market or fit_split to fit a risk model on; "
+                         "build it with build_scenarios")
+    key = (scenario.setting.name, scenario.folder, scenario.instance_type, scenario.fit_split)
     if key not in _RISK_MODELS:
-        target = AvailabilityHistory(
-            f"{scenario.folder}/{scenario.instance_type}",
-            market.zones,
-            float(market.tick_s),
-            market.spot_available,
-            max(1, int(market.spot_available.max())),
-            market.trace_start_s,
+        _RISK_MODELS[key] = fit_for_split(
+            scenario.fit_split, market, f"{scenario.folder}/{scenario.instance_type}",
+            _folder_histories,
         )
-        prior = [h for folder in ALL_FOLDERS if folder != source
-                 for h in _folder_histories(folder)]
-        _RISK_MODELS[key] = fit_risk_model(target, scenario.start_tick, prior)
-    return _RISK_MODELS[key]
+    # One object per window, so every caller of a window (the policy, a test) shares it.
+    window_key = (*key, scenario.start_tick)
+    if window_key not in _WINDOW_MODELS:
+        _WINDOW_MODELS[window_key] = at_window_start(_RISK_MODELS[key], market,
+                                                     scenario.start_tick)
+    return _WINDOW_MODELS[window_key]
 
 
 _RISK_MODELS: dict[tuple, PreemptionRiskModel] = {}
-ALL_FOLDERS = (*SINGLE_NODE_FOLDERS, MULTI_NODE_FOLDER)
+_WINDOW_MODELS: dict[tuple, PreemptionRiskModel] = {}
+
+
+def all_collections() -> tuple[str, ...]:
+    """Every collection (folder with a collection.toml) in the spot data folder: the pool a
+    leave-one-collection-out fit draws the other collections from."""
+    return tuple(sorted(p.parent.name for p in default_spot_dir().glob(f"*/{COLLECTION_FILE}")))
 
 
 @functools.cache

@@ -1,0 +1,103 @@
+"""`cost_forecast` (issue 13, item 4): Monte Carlo over the spot traces for the next run under
+the current schedule and each alternative, P50/P90 and deadline risk, a plot in the metadata,
+the figures in MLflow, and a check that warns when P90 exceeds the budget."""
+
+import re
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from cloud import forecast as forecast_lib
+from pipelines.definitions import defs
+from trainwise import settings
+
+SHARED_SPOT = settings.data_dir() / "spot" / "availability-1node-aws-2023-02"
+
+
+def _materialize(instance, log_to_mlflow=False):
+    from assets import forecast
+
+    return dg.materialize(
+        [forecast.cost_forecast, forecast.p90_within_budget], instance=instance,
+        resources=defs.resources, raise_on_error=False,
+        run_config={"ops": {"cost_forecast": {"config": {"log_to_mlflow": log_to_mlflow}}}})
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as test_instance:
+        yield test_instance
+
+
+@pytest.fixture
+def small(monkeypatch):
+    monkeypatch.setenv("TRAINWISE_FORECAST_WORK_GPU_H", "2")
+    monkeypatch.setenv("TRAINWISE_FORECAST_DEADLINE_H", "4")
+    monkeypatch.setenv("TRAINWISE_FORECAST_SAMPLES", "6")
+
+
+def test_forecast_percentiles_and_deadline_risk_on_the_embedded_market():
+    source = forecast_lib.MarketSource(forecast_lib.embedded_market(), "embedded", True)
+    results = forecast_lib.forecast({"od": ("on_demand", 2.0), "spot": ("greedy_spot", 2.0)},
+                                    4 * 3600, source, samples=8)
+    on_demand, spot = results["od"], results["spot"]
+    assert on_demand.p50_usd == on_demand.p90_usd  # on-demand cost does not depend on the start
+    assert on_demand.deadline_risk == 0.0
+    assert spot.p50_usd <= spot.p90_usd and 0.0 <= spot.deadline_risk <= 1.0
+    assert len(spot.costs_usd) == 8
+    assert forecast_lib.work_for_rate(10.0, 0.4) == pytest.approx(8.0)
+    with pytest.raises(ValueError, match="longer than the trace"):
+        forecast_lib.forecast({"od": ("on_demand", 2.0)}, 1e9, source, samples=1)
+
+
+@pytest.mark.skipif(not SHARED_SPOT.is_dir(), reason=f"no shared traces at {SHARED_SPOT}")
+def test_forecast_replays_the_real_traces():
+    source = forecast_lib.load_market(SHARED_SPOT.parent, SHARED_SPOT.name)
+    assert not source.embedded and "9 zones" in source.source
+    results = forecast_lib.forecast({"h": ("trainwise_heuristic", 2.0)}, 4 * 3600, source,
+                                    samples=5)
+    assert 0 < results["h"].p50_usd < 2.0 * 3.06 * 2  # below twice the on-demand bill
+
+
+def test_asset_without_shared_data_uses_the_embedded_market_and_warns_over_budget(
+        instance, small, monkeypatch, tmp_path):
+    monkeypatch.setenv("TRAINWISE_DATA_DIR", str(tmp_path / "missing"))
+    monkeypatch.setenv("TRAINWISE_BUDGET_USD", "0.01")
+    result = _materialize(instance)
+    assert result.success
+    meta = result.asset_materializations_for_node("cost_forecast")[0].metadata
+    assert meta["embedded_market"].value is True and "embedded" in meta["market"].value
+    table = meta["forecast"].value
+    assert "data:image/png;base64," in table and "| current |" in table
+    assert "| on_demand |" in table  # every alternative policy has a row
+    assert Path(meta["plot"].value).is_file()
+    assert meta["current_p50_usd"].value <= meta["current_p90_usd"].value
+    [check] = result.get_asset_check_evaluations()
+    assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
+    assert "exceeds the budget" in check.description
+
+
+@pytest.mark.skipif(not SHARED_SPOT.is_dir(), reason=f"no shared traces at {SHARED_SPOT}")
+def test_asset_on_real_traces_within_budget_logs_to_mlflow(instance, small, monkeypatch):
+    monkeypatch.setenv("TRAINWISE_BUDGET_USD", "1000")
+    result = _materialize(instance, log_to_mlflow=True)
+    assert result.success
+    meta = result.asset_materializations_for_node("cost_forecast")[0].metadata
+    assert meta["embedded_market"].value is False
+    assert re.fullmatch(r"[0-9a-f]{32}", meta["mlflow_run"].value), meta["mlflow_run"].value
+    [check] = result.get_asset_check_evaluations()
+    assert check.passed
+
+
+def test_pending_proposal_is_forecast_too(instance, small, monkeypatch, tmp_path):
+    from trainwise import approvals
+
+    monkeypatch.setenv("TRAINWISE_DATA_DIR", str(tmp_path / "missing"))
+    folder = settings.home_dir() / "governance" / "schedule"
+    proposal = approvals.propose(folder, {**approvals.default_schedule(), "pruning_rate": 0.5},
+                                 forecast_savings_usd=1.0, eval_loss_change=0.0, evidence={},
+                                 reason="", requested_by="t")
+    result = _materialize(instance)
+    assert f"| proposal {proposal['hash']} |" in (
+        result.asset_materializations_for_node("cost_forecast")[0].metadata["forecast"].value)
