@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from assets import analytics, data, forecast, governance, training
+from assets import analytics, data, forecast, governance, policies, training
 from assets.resources import launchpad_resources
 from pipelines.jobs import (
     curriculum_job,
@@ -18,11 +18,12 @@ from sensors.slow_policy import slow_policy_sensor
 defs = dg.Definitions(
     assets=[data.data_shards, data.difficulty_scores, data.curriculum, training.checkpoint,
             governance.schedule_change, governance.approvals_asset, forecast.cost_forecast,
-            analytics.telemetry, analytics.dbt_models],
+            analytics.telemetry, analytics.dbt_models, *policies.POLICY_DEFS["assets"]],
     asset_checks=[data.curriculum_coverage, governance.schedule_approved,
-                  forecast.p90_within_budget],
+                  forecast.p90_within_budget, *policies.POLICY_DEFS["asset_checks"]],
     jobs=[demo_job, train_job, curriculum_job, rollback_job, live_change_rule_job,
-          schedule_propose_job, schedule_approve_job],
+          schedule_propose_job, schedule_approve_job, *policies.POLICY_DEFS["jobs"]],
+    schedules=policies.POLICY_DEFS["schedules"],
     sensors=[slow_policy_sensor],
     resources=launchpad_resources(),
 )

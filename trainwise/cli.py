@@ -102,7 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     ui.set_defaults(func=_cmd_ui)
 
     bench = sub.add_parser("bench", help="run a benchmark suite and write benchmarks/results/")
-    bench.add_argument("suite", help="cost | controller | fast_layer | data | emulated | faults | all")
+    bench.add_argument("suite", help=(
+        "cost | controller | fast_layer | data | emulated | faults | cant_be_late | "
+        "stragglers_ddp | time_to_quality | rl | all"))
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the suite")
     bench.set_defaults(func=_cmd_bench)
 

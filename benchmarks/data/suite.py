@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.parallel import run_in_workers
 from controllers.pruning import PruningConfig
 from training.data_types import ExampleSet
 
@@ -247,23 +247,7 @@ def run_all(specs: tuple[DatasetSpec, ...], methods: tuple[str, ...], seeds: tup
     # Longest first (full-data GPT), so two workers finish together.
     runs.sort(key=lambda r: (-r.dataset.epochs * (r.dataset.name == "tinyshakespeare"),
                              METHODS.index(r.method), r.seed))
-    results: list[dict[str, Any]] = []
-    if jobs <= 1:
-        for run in runs:
-            results.append(run_one(run))
-            log(_progress_line(results[-1], len(results), len(runs)))
-        return results
-    import concurrent.futures
-    import multiprocessing
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = [pool.submit(run_one, run) for run in runs]
-        for future in concurrent.futures.as_completed(futures):
-            results.append(future.result())
-            log(_progress_line(results[-1], len(results), len(runs)))
-    return results
+    return run_in_workers(runs, run_one, jobs, _progress_line, log)
 
 
 def _progress_line(result: dict[str, Any], done: int, total: int) -> str:

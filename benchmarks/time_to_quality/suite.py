@@ -27,11 +27,12 @@ thread), read at every fast tick; evaluation is the instrument and is left out.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from benchmarks.parallel import run_in_workers
 
 LEVERS = ("fixed", "noise_batch", "goodput", "prune_scored")
 PRUNING_RATE = 0.5
@@ -237,23 +238,7 @@ def run_all(workloads: tuple[Workload, ...], levers: tuple[str, ...], seeds: tup
         shards = build_shards_once(w.partition, work_dir)
         runs += [RunSpec(w, lever, s, str(shards), str(work_dir / "runs")) for lever in levers
                  for s in seeds]
-    results: list[dict[str, Any]] = []
-    if jobs <= 1:
-        for run in runs:
-            results.append(run_one(run))
-            log(_progress_line(results[-1], len(results), len(runs)))
-        return results
-    import concurrent.futures
-    import multiprocessing
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-        futures = [pool.submit(run_one, run) for run in runs]
-        for future in concurrent.futures.as_completed(futures):
-            results.append(future.result())
-            log(_progress_line(results[-1], len(results), len(runs)))
-    return results
+    return run_in_workers(runs, run_one, jobs, _progress_line, log)
 
 
 def _progress_line(r: dict[str, Any], done: int, total: int) -> str:

@@ -1,0 +1,3 @@
+from benchmarks.rl.run import main
+
+main()
