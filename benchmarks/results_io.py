@@ -38,10 +38,17 @@ def git_commit(cwd: Path = PROJECT_ROOT) -> str | None:
     return commit or None
 
 
+# Results folders hold what a run writes (its plot lands before its tables); a changed result file
+# does not change the code that produced it, so it does not make the tree dirty.
+RESULTS_PATHSPEC = ":(exclude,glob)**/benchmarks/results/**"
+
+
 def git_tree_dirty(cwd: Path = PROJECT_ROOT) -> bool | None:
-    """Whether tracked files differ from HEAD (`git status --porcelain -uno`), or None without
-    git. A figure measured on a dirty tree cannot be tied to one commit, so results say so."""
-    status = _git(["status", "--porcelain", "--untracked-files=no"], cwd)
+    """Whether tracked files outside `benchmarks/results/` differ from HEAD (`git status
+    --porcelain -uno`), or None without git. A figure measured on a dirty tree cannot be tied to
+    one commit, so results say so."""
+    status = _git(["status", "--porcelain", "--untracked-files=no", "--", ".", RESULTS_PATHSPEC],
+                  cwd)
     return None if status is None else bool(status.strip())
 
 

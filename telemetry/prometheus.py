@@ -71,6 +71,9 @@ class _RunFigures:
     partition: str
     cursors: dict[Path, _SegmentCursor] = field(default_factory=dict)
     last_step_wall_s: float = float("-inf")
+    # Cost, tokens and samples are set by steps and by the run_end; ranks' segments are read one
+    # after another, so a step older than the run_end may arrive after it and must not win.
+    totals_wall_s: float = float("-inf")
     step: int | None = None
     train_loss: float | None = None
     cost_usd: float | None = None
@@ -141,9 +144,11 @@ class _RunFigures:
             self.last_step_wall_s = wall_s
             self.step = _int(record.get("step"))
             self.train_loss = _number(record.get("train_loss"))
-            self.cost_usd = _number(record.get("cost_usd"))
-            self.tokens_seen = _int(record.get("tokens_seen"))
-            self.samples_seen = _int(record.get("samples_seen"))
+            if wall_s >= self.totals_wall_s:
+                self.totals_wall_s = wall_s
+                self.cost_usd = _number(record.get("cost_usd"))
+                self.tokens_seen = _int(record.get("tokens_seen"))
+                self.samples_seen = _int(record.get("samples_seen"))
             step_time_ms = _number(record.get("step_time_ms"))
             self.step_time_s = None if step_time_ms is None else step_time_ms / 1000.0
             self.micro_batch_size = _int(record.get("micro_batch_size"))
@@ -166,7 +171,8 @@ class _RunFigures:
                 self.last_end_wall_s = wall_s
                 self.last_end_status = str(record.get("status"))
                 # The run_end carries the final totals; a step event may not follow it.
-                if wall_s >= self.last_step_wall_s:
+                if wall_s >= self.totals_wall_s:
+                    self.totals_wall_s = wall_s
                     cost_usd = _number(record.get("cost_usd"))
                     tokens_seen = _int(record.get("tokens_seen"))
                     samples_seen = _int(record.get("samples_seen"))

@@ -25,6 +25,21 @@ def test_tree_dirty_follows_tracked_changes(tmp_path):
     assert results_io.git_tree_dirty(tmp_path) is True
 
 
+def test_a_changed_result_file_does_not_make_the_tree_dirty(tmp_path):
+    """A suite writes its plot before its tables: its own output must not mark its run dirty."""
+    results = tmp_path / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    (results / "cost.md").write_text("old figures\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "one")
+    (results / "cost.md").write_text("new figures\n")
+    assert results_io.git_tree_dirty(tmp_path) is False
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert results_io.git_tree_dirty(tmp_path) is True
+
+
 def test_tree_dirty_is_unknown_outside_a_repository(tmp_path):
     assert results_io.git_tree_dirty(tmp_path) is None
 
