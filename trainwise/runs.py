@@ -178,6 +178,19 @@ def fast_policy(name: str) -> FastPolicy:
     raise ValueError(f"unknown fast policy {name!r}; valid: {', '.join(FAST_POLICIES)}")
 
 
+def fast_policy_in_charge(name: str, region: str | None) -> tuple[FastPolicy, str]:
+    """(policy, reason). "heuristic" (the default) means the incumbent of `region`: its promoted
+    fast champion (`trainwise.champion`) when one is accepted, else `fast_policy(name)`, with why."""
+    incumbent = fast_policy(name)
+    if name != "heuristic":
+        return incumbent, f"{name} requested"
+    if region is None:
+        return incumbent, "heuristic requested (no region: no champion lookup)"
+    from trainwise import champion
+
+    return champion.fast_policy_in_charge(region, incumbent)
+
+
 def plot_cost_vs_loss(events: list[dict[str, Any]], path: Path) -> Path | None:
     """Eval loss against dollars spent: the picture a user opens first in MLflow."""
     import matplotlib
@@ -506,7 +519,7 @@ def run_training(
     # 1. Names and numbers: nothing is written until all pass.
     validate_request(request)
     price = price_usd_per_hour(request.instance_type, request.region)
-    policy = fast_policy(request.fast_policy)
+    policy, policy_reason = fast_policy_in_charge(request.fast_policy, request.region)
     config = loop.TrainConfig(
         max_steps=request.max_steps,
         micro_batch_size=request.micro_batch_size,
@@ -558,6 +571,9 @@ def run_training(
         run_dir.mkdir(parents=True, exist_ok=True)
         request_path = run_dir / "request.json"
         request_path.write_text(json.dumps(asdict(request), indent=2))
+        # Which fast policy is in charge and why (champion, or the heuristic and the refusal).
+        _write_json_atomic(run_dir / "fast_policy.json",
+                           {"fast_policy": policy.name, "reason": policy_reason})
         (run_dir / OUTCOME_NAME).unlink(missing_ok=True)  # this call's outcome replaces any earlier
         from trainwise.object_store import CheckpointUploader
 
@@ -567,8 +583,9 @@ def run_training(
         live = mlflow_live.LiveRun(mlflow_live.LiveRunSpec(
             tracking_uri=tracking_uri, experiment=experiment,
             run_name=f"{request.partition}-{request.run_id[:8]}",
-            params=_mlflow_params(request, config, examples.fingerprint, curriculum, policy.name,
-                                  price, resumed_step),
+            params={**_mlflow_params(request, config, examples.fingerprint, curriculum,
+                                     policy.name, price, resumed_step),
+                    "policy/fast_reason": policy_reason[:500]},
             tags={"dagster_run_id": request.run_id, "trainwise/training_run_id": request.run_id,
                   "partition": request.partition},
             telemetry_dir=run_dir / "telemetry" / request.run_id,

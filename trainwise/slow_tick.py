@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,17 @@ def observe(events: list[dict[str, Any]], request: dict[str, Any],
     )
 
 
+def slow_policy_for(region: str) -> tuple[HeuristicSlowPolicy, str]:
+    """The tick's slow policy with the region's allocation policy in charge (the promoted slow
+    champion, else the allocation heuristic) and why (`trainwise.champion`)."""
+    from controllers.allocation_adapter import SlowAllocationAdapter
+    from controllers.allocation_heuristic import TrainwiseAllocationPolicy
+    from trainwise import champion
+
+    allocation, why = champion.slow_policy_in_charge(region, TrainwiseAllocationPolicy())
+    return HeuristicSlowPolicy(allocation_policy=SlowAllocationAdapter(allocation)), why
+
+
 def decide(state_dir: Path, partition: str,
            policy: HeuristicSlowPolicy | None = None) -> SlowTick:
     from training import curriculum as curriculum_lib
@@ -149,7 +160,14 @@ def decide(state_dir: Path, partition: str,
 
     observation = observe(events, request, data_summary(np.asarray(table.loss)),
                           read_gang(state_dir / "runs" / run_id))
-    action = (policy or HeuristicSlowPolicy()).act(observation)
+    in_charge = ""
+    if policy is None:
+        policy, in_charge = slow_policy_for(str(request.get("region") or "us-west-2"))
+    action = policy.act(observation)
+    if in_charge:
+        kept = " (no market view this tick: nodes kept)" if (
+            action.allocation is None and observation.market is None) else ""
+        action = replace(action, reason=f"{action.reason}; allocation policy: {in_charge}{kept}")
     return SlowTick(partition, run_id, action, current_pruning_rate=current.pruning_rate,
                     preemption_risk=observation.cluster.preemption_risk)
 

@@ -1,0 +1,52 @@
+"""Which policy is in charge for a region: the promoted champion (rl/) or the heuristic, and why.
+
+The trainer (fast layer, `trainwise.runs.fast_policy`) and the slow tick (allocation slot,
+`trainwise.slow_tick.decide`) ask here once per run / tick. The champion is
+`<TRAINWISE_HOME>/policies/<kind>/<region>/champion.npz` (written by `rl.retrain.apply_gate`).
+It is used only when `rl.policy_file.load_policy` accepts it (format, kind, layout, region,
+shapes, finite weights, weights hash; numbers only, never unpickled); otherwise the heuristic
+stays in charge and the reason carries the refusal, so the run's records say why. A NaN or
+infinite observation at decision time is refused inside the learned policy, which then acts as
+its heuristic for that decision (`rl.fast_path.Learned*Policy`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CHAMPION_FILE = "champion.npz"
+
+
+def _in_charge(kind: str, region: str, heuristic: Any, wrap: Any) -> tuple[Any, str]:
+    from rl.retrain import policy_dir
+
+    path = policy_dir(kind, region) / CHAMPION_FILE
+    name = getattr(heuristic, "name", type(heuristic).__name__)
+    if not path.is_file():
+        return heuristic, f"no {kind} champion for {region} ({path} absent): {name} in charge"
+    try:
+        policy = wrap(path)
+    # PolicyFileError is a ValueError; a malformed header can also surface as KeyError/TypeError.
+    except (ValueError, KeyError, TypeError, OSError) as error:
+        return heuristic, f"{kind} champion for {region} refused ({error}); {name} stays in charge"
+    version = policy.network.weights.version
+    return policy, f"{kind} champion v{version} for {region} in charge ({path}), over {name}"
+
+
+def fast_policy_in_charge(region: str, heuristic: Any) -> tuple[Any, str]:
+    """(policy, reason): `LearnedFastPolicy(champion, heuristic)` or `heuristic`."""
+    from rl.fast_obs import FAST_OBS_LAYOUT
+    from rl.fast_path import LearnedFastPolicy, NumpyPolicy
+    from rl.policy_file import load_policy
+
+    return _in_charge("fast", region, heuristic, lambda path: LearnedFastPolicy(
+        NumpyPolicy(load_policy(path, "fast", FAST_OBS_LAYOUT, region)), heuristic))
+
+
+def slow_policy_in_charge(region: str, heuristic: Any) -> tuple[Any, str]:
+    """(policy, reason): `LearnedAllocationPolicy(champion, heuristic)` or `heuristic` (an
+    allocation policy, `AllocationObservation -> AllocationAction`)."""
+    from rl.fast_path import LearnedAllocationPolicy
+
+    return _in_charge("slow", region, heuristic,
+                      lambda path: LearnedAllocationPolicy.from_file(path, heuristic, region))
