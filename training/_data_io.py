@@ -182,3 +182,23 @@ def _remove_old_versions(out_dir: Path, keep: set[str | None]) -> None:
     for child in out_dir.iterdir():
         if child.is_dir() and child.name.startswith(VERSION_PREFIX) and child.name not in keep:
             shutil.rmtree(child, ignore_errors=True)
+
+
+def read_control_json(path: Path, *, fmt: str, what: str, fix: str) -> dict:
+    """Read a control file a running trainer follows (pruning, live control): an unreadable file
+    or another format is a ValueError naming the file and the fix, so the trainer can refuse it,
+    record why, and change nothing."""
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{what} {path} is unreadable ({error}): {fix}") from error
+    if not isinstance(content, dict) or content.get("format") != fmt:
+        raise ValueError(f"{what} {path} is not {fmt!r}: {fix}")
+    return content
+
+
+def control_digest(content: dict) -> str:
+    """Identity of one written control: its content and its write time (the same content written
+    again is a new request, applied once more)."""
+    without_time = {k: v for k, v in content.items() if k != "written_at_s"}
+    return sha256_json(without_time) + f":{content.get('written_at_s')}"

@@ -30,7 +30,6 @@ curriculum that drops a whole shard or class is refused (see `training.sampler`)
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -42,7 +41,7 @@ import numpy as np
 
 from controllers.pruning import PruningConfig, PruningDecision, decide_pruning_rate
 from controllers.slow_types import DataSummary, LossCurve, Progress
-from training._data_io import atomic_write_json, sha256_json
+from training._data_io import atomic_write_json, control_digest, read_control_json
 from training.curriculum import validate_pruning_rate
 from training.data_types import ExampleSet
 from training.scoring import ScoreTable
@@ -263,14 +262,9 @@ def write_pruning_control(path: str | Path, *, pruning_rate: float | None = None
 def read_pruning_control(path: str | Path) -> PruningControl:
     """Parses and validates a control file; ValueError names the file and the bad field."""
     path = Path(path)
-    try:
-        content = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"pruning control file {path} is unreadable ({error}): rewrite it with "
-                         "training.dynamic_pruning.write_pruning_control") from error
-    if not isinstance(content, dict) or content.get("format") != CONTROL_FORMAT:
-        raise ValueError(f"pruning control file {path} is not {CONTROL_FORMAT!r}: rewrite it with "
-                         "write_pruning_control")
+    content = read_control_json(
+        path, fmt=CONTROL_FORMAT, what="pruning control file",
+        fix="rewrite it with training.dynamic_pruning.write_pruning_control")
     rate = content.get("pruning_rate")
     if rate is not None:
         try:
@@ -278,11 +272,10 @@ def read_pruning_control(path: str | Path) -> PruningControl:
         except ValueError as error:
             raise ValueError(f"pruning control file {path}: {error}") from error
     directory = content.get("curriculum_dir")
-    without_time = {k: v for k, v in content.items() if k != "written_at_s"}
     return PruningControl(
         pruning_rate=rate, curriculum_dir=Path(directory) if directory else None,
         curriculum_version=content.get("curriculum_version"), reason=str(content.get("reason", "")),
-        digest=sha256_json(without_time) + f":{content.get('written_at_s')}",
+        digest=control_digest(content),
     )
 
 

@@ -19,13 +19,12 @@ Fields (None = leave as it is):
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from training._data_io import atomic_write_json, sha256_json
+from training._data_io import atomic_write_json, control_digest, read_control_json
 
 LIVE_CONTROL_FILE = "live_control.json"
 LIVE_CONTROL_FORMAT = "trainwise.live_control/1"
@@ -92,12 +91,7 @@ def write_live_control(
 def read_live_control(path: str | Path) -> LiveControl:
     """Parses and validates a live-control file; ValueError names the file and the fix."""
     path = Path(path)
-    try:
-        content = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"live-control file {path} is unreadable ({error}): {_FIX}") from error
-    if not isinstance(content, dict) or content.get("format") != LIVE_CONTROL_FORMAT:
-        raise ValueError(f"live-control file {path} is not {LIVE_CONTROL_FORMAT!r}: {_FIX}")
+    content = read_control_json(path, fmt=LIVE_CONTROL_FORMAT, what="live-control file", fix=_FIX)
     where = f"live-control file {path}: "
     try:
         interval = _interval(content.get("checkpoint_interval_s"), where)
@@ -106,9 +100,8 @@ def read_live_control(path: str | Path) -> LiveControl:
         raise ValueError(f"{error}; {_FIX}") from error
     if interval is None and risk is None:
         raise ValueError(f"{where}sets neither checkpoint_interval_s nor preemption_risk: {_FIX}")
-    without_time = {k: v for k, v in content.items() if k != "written_at_s"}
     return LiveControl(
         checkpoint_interval_s=interval, preemption_risk=risk,
         reason=str(content.get("reason", "")), source=str(content.get("source", "")),
-        digest=sha256_json(without_time) + f":{content.get('written_at_s')}",
+        digest=control_digest(content),
     )
