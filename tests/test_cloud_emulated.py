@@ -12,7 +12,10 @@ import torch
 from cloud import emulated as replay
 from cloud import prices
 from cloud.traces import FOLDER_MEANING, load_trace
+from tests.shared_data import needs_spot_data
 from trainwise import settings
+
+pytestmark = needs_spot_data
 
 torch.set_num_threads(1)
 

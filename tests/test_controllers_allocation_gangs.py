@@ -17,6 +17,9 @@ from cloud.traces import load_folder
 from controllers.allocation_heuristic import TrainwiseAllocationPolicy
 from controllers.allocation_types import AllocationObservation
 from controllers.preemption_risk import DOWN, UP, PreemptionRiskModel
+from tests.shared_data import needs_spot_data
+
+pytestmark = needs_spot_data
 
 FOLDER = "preemption-4node-aws-2023-08"
 NODES = 4

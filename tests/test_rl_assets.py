@@ -18,6 +18,9 @@ from assets.policies import (
     weekly_slow_policy_retraining,
 )
 from rl.retrain import load_champion_slow, policy_dir
+from tests.shared_data import needs_spot_data
+
+pytestmark = needs_spot_data
 
 TINY = {"config": {"budget": "tiny", "ppo_timesteps": 0}}
 

@@ -11,6 +11,9 @@ from cloud.simulator import simulate
 from rl.cells import heuristic_for, make_split
 from rl.envs import FastEnv, SlowEnv
 from rl.slow_obs import SLOW_OBS_SIZE, apply_slow_choice, safety_net
+from tests.shared_data import needs_spot_data
+
+pytestmark = needs_spot_data
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,9 @@ import pytest
 from cloud.policies import OnDemandPolicy, UniformProgressPolicy
 from rl.cells import heuristic_for, make_split
 from rl.gate import decide, evaluate_slow, record_decision
+from tests.shared_data import needs_spot_data
+
+pytestmark = needs_spot_data
 
 
 @pytest.fixture(scope="module")

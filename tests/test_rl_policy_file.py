@@ -13,6 +13,9 @@ from rl.fast_path import LearnedFastPolicy, NumpyPolicy
 from rl.policy_file import PolicyFileError, load_policy, read_header, save_policy, weights_from_sb3
 from rl.slow_obs import SLOW_OBS_LAYOUT
 from rl.train import train_policy
+from tests.shared_data import needs_spot_data
+
+pytestmark = needs_spot_data
 
 
 @pytest.fixture(scope="module")

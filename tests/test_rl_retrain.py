@@ -13,6 +13,9 @@ from rl.fast_path import LearnedAllocationPolicy, NumpyPolicy
 from rl.policy_file import PolicyWeights, save_policy
 from rl.retrain import apply_gate, load_champion_slow, policy_dir
 from rl.slow_obs import CHECKPOINT_CHOICES_S, SLOW_CHOICES, SLOW_OBS_LAYOUT
+from tests.shared_data import needs_spot_data
+
+pytestmark = needs_spot_data
 
 REGION = "us-west-2"
 
