@@ -2,7 +2,7 @@
 
 `telemetry` ingests the segments of every training run of a data partition into DuckDB (the
 telemetry store; idempotent, so re-materializing stores nothing twice). The dbt project in dbt/
-is loaded through dagster-dbt: each model (cost_per_token, waste_breakdown, decisions) is an
+is loaded through dagster-dbt: each model (cost_per_token, waste_breakdown, decisions, utilization) is an
 asset downstream of `telemetry`, and each dbt test is an asset check.
 
 dagster-dbt needs a manifest.json when the code location loads. `ensure_manifest` runs
@@ -55,7 +55,8 @@ def write_profiles(folder: Path, duckdb_path: Path) -> Path:
 
 
 def _newest_source_mtime(project_dir: Path) -> float:
-    files = [project_dir / "dbt_project.yml", *project_dir.glob("models/**/*")]
+    files = [project_dir / "dbt_project.yml", *project_dir.glob("models/**/*"),
+             *project_dir.glob("tests/**/*")]
     return max(p.stat().st_mtime for p in files if p.is_file())
 
 
@@ -149,7 +150,7 @@ class TelemetryTranslator(DagsterDbtTranslator):
 @dbt_assets(manifest=dbt_project.manifest_path, project=dbt_project,
             dagster_dbt_translator=TelemetryTranslator())
 def dbt_models(context: dg.AssetExecutionContext, telemetry_store: TelemetryStoreResource):
-    """cost_per_token, waste_breakdown and decisions over the telemetry; dbt tests as checks."""
+    """cost_per_token, waste_breakdown, decisions and utilization over the telemetry; dbt tests as checks."""
     db = telemetry_store.db_path()
     profiles = write_profiles(db.parent / "dbt_profiles", db)
     dbt = DbtCliResource(project_dir=dbt_project, profiles_dir=str(profiles),

@@ -15,6 +15,7 @@ SUITES = {
     "stragglers_ddp": "benchmarks.stragglers_ddp",
     "time_to_quality": "benchmarks.time_to_quality.__main__",
     "rl": "benchmarks.rl.run",
+    "ingestion": "benchmarks.ingestion",
 }
 
 

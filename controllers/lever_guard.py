@@ -14,6 +14,13 @@ for less; quality is a hard constraint. The guard judges each lever in two ways:
    evaluations (after `warmup_fraction` of the budget) costs quality and is switched off, with
    the reason and the numbers recorded; it is not switched back on in the same run.
 
+3. During the run, the batch lever by its own cost (`StepCostGuard`): seconds per sample of the
+   steps at the lever's batch shapes against the fixed shape's, measured in the same run (a
+   bigger or split batch needs at least as many samples, so being slower per sample cannot pay).
+
+`training._loop_fast.LeverGuards` runs 2 and 3 inside the training loop at every evaluation
+(`TrainConfig.lever_guard`), switches the lever off and records the verdict as a decision.
+
 The default configuration is what the guard leaves on. With no calibration every lever is off,
 which is the fixed schedule itself: the default can never be worse than it.
 """
@@ -116,6 +123,7 @@ class LeverGuard:
     patience: int = 3  # consecutive evaluations above the tolerance before switching off
     warmup_fraction: float = 0.2  # early curves cross; judge only after this share of the budget
     on: bool = True
+    axis: str = "samples"  # what the x of observe_eval counts (named in the reason)
     strikes: int = 0
     record: list[LeverVerdict] = field(default_factory=list)
 
@@ -140,10 +148,85 @@ class LeverGuard:
         self.on = False
         verdict = LeverVerdict(
             self.lever, False,
-            f"costs quality: eval loss {eval_loss:.4f} at {samples:.0f} samples is "
-            f"{excess:+.1%} against the fixed schedule's {expected:.4f} at the same samples, "
+            f"costs quality: eval loss {eval_loss:.4f} at {samples:.0f} {self.axis} is "
+            f"{excess:+.1%} against the fixed schedule's {expected:.4f} at the same {self.axis}, "
             f"above {self.loss_tolerance:.0%} for {self.patience} evaluations: switched off",
             {"samples": float(samples), "eval_loss": float(eval_loss),
              "reference_loss": expected, "excess": excess})
+        self.record.append(verdict)
+        return verdict
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+@dataclass
+class StepCostGuard:
+    """In-run guard of the batch lever by its own cost: seconds per sample of the steps at the
+    lever's batch shape against those at the fixed schedule's shape, measured in this run.
+
+    Why this is enough to judge it: a bigger batch never needs fewer samples to a given loss
+    (statistical efficiency <= 1, Pollux), and splitting a step into micro batches to measure the
+    gradient noise computes the same samples in more passes. So a shape that is slower per sample
+    than the fixed one by more than `time_tolerance` costs time whatever it does to the loss.
+    Each evaluation judges the steps since the previous one (at least `min_steps` of them);
+    `patience` consecutive slow judgements switch the lever off."""
+
+    lever: str
+    base_shape: tuple[int, int]  # (micro batch, accumulation steps) of the fixed schedule
+    time_tolerance: float = 0.05
+    patience: int = 3
+    min_steps: int = 3
+    skip_first_steps: int = 2  # the first steps pay warm-up (allocations, caches)
+    max_base_steps: int = 64  # the newest base-shape steps kept for the median
+    on: bool = True
+    strikes: int = 0
+    record: list[LeverVerdict] = field(default_factory=list)
+    _seen: int = 0
+    _base_ms: list[float] = field(default_factory=list)  # ms per sample, base shape
+    _lever_ms: list[float] = field(default_factory=list)  # ms per sample, since the last check
+    _lever_shapes: set[tuple[int, int]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if self.patience < 1 or self.time_tolerance < 0 or self.min_steps < 1:
+            raise ValueError(f"StepCostGuard({self.lever!r}): patience >= 1, min_steps >= 1 and "
+                             "time_tolerance >= 0 are required")
+
+    def observe_step(self, micro_batch: int, grad_accum: int, step_time_ms: float) -> None:
+        self._seen += 1
+        if self._seen <= self.skip_first_steps or not math.isfinite(step_time_ms):
+            return
+        per_sample = step_time_ms / max(1, micro_batch * grad_accum)
+        if (micro_batch, grad_accum) == self.base_shape:
+            self._base_ms.append(per_sample)
+            del self._base_ms[:-self.max_base_steps]
+        elif self.on:
+            self._lever_ms.append(per_sample)
+            self._lever_shapes.add((micro_batch, grad_accum))
+
+    def check(self, step: int) -> LeverVerdict | None:
+        """At an evaluation: judges the lever's steps since the last check; the verdict that
+        switched it off, once."""
+        if not self.on or len(self._lever_ms) < self.min_steps or len(self._base_ms) < 3:
+            return None
+        base, lever = _median(self._base_ms), _median(self._lever_ms)
+        shapes = sorted(self._lever_shapes)
+        self._lever_ms, self._lever_shapes = [], set()
+        ratio = lever / base if base > 0 else math.inf
+        self.strikes = self.strikes + 1 if ratio > 1.0 + self.time_tolerance else 0
+        if self.strikes < self.patience:
+            return None
+        self.on = False
+        shown = ", ".join(f"{m}x{a}" for m, a in shapes)
+        verdict = LeverVerdict(
+            self.lever, False,
+            f"costs time: at step {step} its batch shapes ({shown}, micro x accumulation) take "
+            f"{lever:.3f} ms per sample against {base:.3f} ms at the fixed schedule's "
+            f"{self.base_shape[0]}x{self.base_shape[1]} ({ratio - 1.0:+.1%}), above "
+            f"{self.time_tolerance:.0%} for {self.patience} evaluations; a bigger or split "
+            "batch needs at least as many samples, so it cannot pay: switched off",
+            {"ms_per_sample": lever, "base_ms_per_sample": base, "time_ratio": ratio,
+             "step": float(step)})
         self.record.append(verdict)
         return verdict

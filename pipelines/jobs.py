@@ -1,5 +1,6 @@
 """Jobs: the whole chain (demo), the training run alone (train), the curriculum refresh the
-slow-policy sensor asks for, a gated rollback, and the switch of the live-change rule."""
+slow-policy sensor asks for, gated rollbacks (curriculum, policy), and the switch of the
+live-change rule."""
 
 import dagster as dg
 
@@ -33,6 +34,16 @@ rollback_job = dg.define_asset_job(
     description="Make a stored curriculum version current again (run config: ops.curriculum."
                 "config.restore_version, reason, requested_by), gated by curriculum_coverage "
                 "and recorded in the curriculum history.",
+)
+
+# The same shape for a learned policy: the proposal asset's blocking check verifies the restored
+# file and its promotion record, then moves the registry alias and champion.npz (rl.gate).
+policy_rollback_job = dg.define_asset_job(
+    "policy_rollback",
+    selection=dg.AssetSelection.assets("policy_rollback"),
+    description="Make a stored slow or fast policy version the region's champion again (run "
+                "config: ops.policy_rollback.config.kind, restore_version, reason, requested_by), "
+                "gated by policy_rollback_gate and recorded in the policy history and registry.",
 )
 
 

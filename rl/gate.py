@@ -12,11 +12,23 @@ over cells, misses) and is written as JSON by `record_decision`.
 
 Slow policies are evaluated on cost-suite cells (`evaluate_slow`, USD); fast policies on held-out
 FastEnv seeds (`evaluate_fast`), where the "cost" is wall-clock seconds per 100 ideal steps.
+
+Rollback (the `policy_rollback` job): `propose_rollback` writes a proposal (kind, version, who,
+why) for a region; the blocking check calls `publish_rollback`, which restores the version only
+when its file loads (`load_policy`: format, kind, layout, region, finite weights, hash) and it was
+promoted before (registry `gate_status`, its gate_v<N>.json, or the history), or the proposal
+says `allow_unpromoted` (recorded). The registry's `champion` alias moves first (`rl.registry.
+record_rollback`), then champion.npz is replaced atomically, so the loader's sha256 check agrees;
+a refusal at any step leaves the incumbent in charge. Every proposal, refusal and rollback is a
+line of `<policy dir>/history.jsonl` (from, to, requested_by, why, time).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -124,3 +136,199 @@ def record_decision(decision: GateDecision, path: str | Path, extra: dict | None
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**decision.to_dict(), **(extra or {})}, indent=2, default=str))
     return path
+
+
+# --- rollback ------------------------------------------------------------------------------------
+HISTORY_NAME = "history.jsonl"
+PROMOTED_STATUSES = ("promoted", "restored")
+
+
+def _layout(kind: str) -> tuple[str, ...]:
+    from rl.fast_obs import FAST_OBS_LAYOUT
+    from rl.slow_obs import SLOW_OBS_LAYOUT
+
+    if kind not in ("slow", "fast"):
+        raise ValueError(f"kind {kind!r} must be 'slow' or 'fast' (run config `kind`)")
+    return SLOW_OBS_LAYOUT if kind == "slow" else FAST_OBS_LAYOUT
+
+
+def _policy_dir(kind: str, region: str) -> Path:
+    from rl.retrain import policy_dir  # rl.retrain imports this module
+
+    return policy_dir(kind, region)
+
+
+def proposal_path(region: str) -> Path:
+    """One pending rollback proposal per region (the check is partitioned by region only)."""
+    from trainwise import settings
+
+    return settings.home_dir() / "policies" / "_rollback" / region / "proposal.json"
+
+
+def append_history(kind: str, region: str, record: dict) -> dict:
+    now = time.time()
+    record = {"at_s": now, "at_utc": dt.datetime.fromtimestamp(now, dt.UTC).isoformat(
+        timespec="seconds"), "kind": kind, "region": region, **record}
+    folder = _policy_dir(kind, region)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / HISTORY_NAME, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+    return record
+
+
+def read_history(kind: str, region: str) -> list[dict]:
+    path = _policy_dir(kind, region) / HISTORY_NAME
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def stored_versions(kind: str, region: str) -> list[int]:
+    folder = _policy_dir(kind, region)
+    return sorted(int(p.stem[1:]) for p in folder.glob("v*.npz") if p.stem[1:].isdigit())
+
+
+def champion_label(kind: str, region: str) -> str:
+    """What champion.npz holds now, for the record: 'v<N>', 'heuristic' (no file) or why not."""
+    from rl.policy_file import read_header
+
+    path = _policy_dir(kind, region) / "champion.npz"
+    if not path.is_file():
+        return "heuristic"
+    try:
+        return f"v{int(read_header(path)['version'])}"
+    except Exception as error:  # noqa: BLE001 - an unreadable champion is recorded as such
+        return f"unreadable champion.npz ({type(error).__name__})"
+
+
+def propose_rollback(kind: str, region: str, restore_version: int, *, reason: str,
+                     requested_by: str, allow_unpromoted: bool = False) -> dict:
+    """Writes the region's rollback proposal (the incumbent stays until the check publishes it).
+    Refused (FileNotFoundError listing the stored versions, ValueError) when the version was
+    never stored or no reason is given; the refusal is recorded in the history."""
+    _layout(kind)
+    base = {"requested_by": requested_by, "why": reason, "to": f"v{restore_version}",
+            "from": champion_label(kind, region)}
+    if not reason.strip():
+        append_history(kind, region, {"event": "rollback_refused", **base,
+                                      "failure": "no reason given"})
+        raise ValueError("a policy rollback needs a reason (run config `reason`): it is recorded "
+                         "in the policy history and the registry")
+    stored = stored_versions(kind, region)
+    if restore_version not in stored:
+        folder = _policy_dir(kind, region)
+        message = (f"no {kind} policy v{restore_version} for {region} in {folder} to roll back "
+                   f"to; stored versions: {', '.join(f'v{v}' for v in stored) or 'none'}")
+        append_history(kind, region, {"event": "rollback_refused", **base, "failure": message})
+        raise FileNotFoundError(message)
+    proposal = {"kind": kind, "region": region, "restore_version": int(restore_version),
+                "reason": reason, "requested_by": requested_by,
+                "allow_unpromoted": bool(allow_unpromoted),
+                "proposed_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+    path = proposal_path(region)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(proposal, indent=2))
+    append_history(kind, region, {"event": "rollback_proposed", **base})
+    return proposal
+
+
+def _promotion_evidence(kind: str, region: str, version: int) -> str | None:
+    """Why `version` counts as promoted before, or None. The registry is asked first; its
+    answer 'refused' stands even if a file says otherwise."""
+    from rl.registry import RegistryUnavailable, version_gate_status
+
+    try:
+        status = version_gate_status(kind, region, version)
+    except RegistryUnavailable:
+        status = None
+    if status is not None:
+        return f"registry gate_status {status}" if status in PROMOTED_STATUSES else None
+    gate_path = _policy_dir(kind, region) / f"gate_v{version}.json"
+    if gate_path.is_file() and json.loads(gate_path.read_text()).get("promote") is True:
+        return f"{gate_path.name} promoted it"
+    if any(r.get("event") == "rollback" and r.get("to") == f"v{version}"
+           for r in read_history(kind, region)):
+        return "restored by an earlier rollback"
+    return None
+
+
+def verify_rollback(proposal: dict) -> tuple[bool, str]:
+    """(ok, reason): the restored file loads for its kind, layout and region, holds the version
+    it is named for, and was promoted before (or the proposal allows it)."""
+    from rl.policy_file import PolicyFileError, load_policy
+
+    kind, region, version = proposal["kind"], proposal["region"], int(proposal["restore_version"])
+    path = _policy_dir(kind, region) / f"v{version}.npz"
+    try:
+        weights = load_policy(path, kind, _layout(kind), region)
+    except (PolicyFileError, KeyError, TypeError) as error:
+        return False, f"refused: v{version} does not load ({error})"
+    if weights.version != version:
+        return False, (f"refused: {path.name} holds version {weights.version}, not {version} "
+                       "(renamed file); restore the file under its own version")
+    evidence = _promotion_evidence(kind, region, version)
+    if evidence is None and not proposal.get("allow_unpromoted"):
+        return False, (f"refused: {kind} v{version} for {region} was never promoted (the gate "
+                       "refused it or never ran); set allow_unpromoted with a reason to restore "
+                       "it anyway")
+    return True, evidence or "never promoted; allowed by the proposal (allow_unpromoted)"
+
+
+def _copy_atomically(source: Path, target: Path) -> None:
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(source.read_bytes())
+    os.replace(tmp, target)
+
+
+def publish_rollback(region: str, approved_by: str) -> dict | None:
+    """Acts on the region's pending proposal (None when there is none): verify, move the
+    registry alias, replace champion.npz, record. Returns {passed, reason, record}; the
+    proposal is consumed either way (propose again to retry)."""
+    from rl import registry
+    from rl.policy_file import load_policy
+
+    path = proposal_path(region)
+    if not path.is_file():
+        return None
+    proposal = json.loads(path.read_text())
+    kind, version = proposal["kind"], int(proposal["restore_version"])
+    folder = _policy_dir(kind, region)
+    base = {"from": champion_label(kind, region), "to": f"v{version}",
+            "requested_by": proposal["requested_by"], "why": proposal["reason"],
+            "approved_by": approved_by, "proposed_utc": proposal["proposed_utc"]}
+    path.unlink()
+    ok, reason = verify_rollback(proposal)
+    if not ok:
+        record = append_history(kind, region, {"event": "rollback_refused", **base,
+                                               "failure": reason})
+        return {"passed": False, "reason": f"{reason}; {base['from']} stays in charge",
+                "record": record}
+    source = folder / f"v{version}.npz"
+    gate_path = folder / f"gate_v{version}.json"
+    decision = json.loads(gate_path.read_text()) if gate_path.is_file() else {
+        "reason": "restored by rollback (no gate record)"}
+    try:
+        got = registry.record_rollback(kind, region, source, decision,
+                                       requested_by=proposal["requested_by"],
+                                       reason=proposal["reason"])
+    except Exception as error:  # noqa: BLE001 - the champion file is untouched: refused
+        failure = (f"refused: registry not updated ({type(error).__name__}: {error}); run the "
+                   "rollback again once MLflow answers")
+        record = append_history(kind, region, {"event": "rollback_refused", **base,
+                                               "failure": failure})
+        return {"passed": False, "reason": f"{failure}; {base['from']} stays in charge",
+                "record": record}
+    champion = folder / "champion.npz"
+    try:
+        _copy_atomically(source, champion)
+        load_policy(champion, kind, _layout(kind), region)
+    except Exception:
+        registry.restore_alias(kind, region, got["previous_champion"])
+        raise
+    record = append_history(kind, region, {
+        "event": "rollback", **base, "promoted_before": reason,
+        "registry": f"{got['model']} v{got['version']} @{registry.CHAMPION}",
+        "registry_previous_champion": got["previous_champion"]})
+    return {"passed": True, "reason": (f"rolled back {kind} {region} {base['from']} -> v{version} "
+                                       f"({reason}); registry {record['registry']}"),
+            "record": record}

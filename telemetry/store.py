@@ -22,6 +22,10 @@ queries count its time as preemption waste, never as new training (dbt/models). 
 recomputed in SQL for every touched (run, instance, rank) after each insert, so ingestion stays
 incremental and idempotent even when files arrive out of order.
 
+Re-ingestion. A sealed segment whose lines the store already holds (same key, same count) is
+checked against its marker and not parsed again (`_segment_lines`): re-ingesting a run costs
+reading and hashing its files, not parsing them (benchmarks/ingestion.py measures both).
+
 Locks. DuckDB admits one read-write process per file (and dbt needs that lock), so connections
 are short-lived, the query helpers open the file `read_only=True`, and both wait on a held lock
 with exponential backoff and jitter up to `lock_timeout_s`, then raise `TelemetryStoreBusyError`
@@ -44,7 +48,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from telemetry.reader import list_segments, read_segment_lines
+from telemetry.reader import Segment, _sealed_body, list_segments, parse_line
 
 TABLE = "telemetry_events"
 REPLAYABLE_EVENT_TYPES = ("step", "eval")  # repeated work when a resume replays steps
@@ -187,15 +191,54 @@ def connect_with_retry(
             delay_s = min(delay_s * 2, 2.0)
 
 
-def _rows(run_dir: Path) -> pa.Table:
+StoredLines = dict[tuple[int, int, str], int]  # (rank, segment, segment_key) -> lines stored
+
+
+def _stored_lines(run_id: str, db_path: Path, lock_timeout_s: float) -> StoredLines:
+    """How many lines of each segment of a run the store holds (empty without a store)."""
+    if not db_path.exists():
+        return {}
+    with connect_with_retry(db_path, read_only=True, lock_timeout_s=lock_timeout_s) as con:
+        try:
+            rows = con.execute(f"SELECT rank, segment, segment_key, count(*) FROM {TABLE} "
+                               "WHERE run_id = ? GROUP BY ALL", [run_id]).fetchall()
+        except duckdb.Error:  # no table yet, or the first schema (no segment_key): parse all
+            return {}
+    return {(rank, segment, key): lines for rank, segment, key, lines in rows}
+
+
+def _segment_lines(
+    segment: Segment, stored: StoredLines
+) -> tuple[str | None, list[tuple[int, dict[str, Any]]]]:
+    """(segment_key, lines still to store) of one segment; key None for an empty segment.
+
+    Re-ingestion (the `telemetry` asset ingests a partition's runs at every materialization):
+    a sealed segment whose every line is stored already is checked against its marker (bytes,
+    lines, sha256) and its first line parsed for its key, and the other lines are not parsed
+    again; they are what the store holds (their key and count match, and a sealed segment never
+    changes). Lines as `telemetry.reader.read_segment_lines` gives them, and the same errors.
+    """
+    data = segment.path.read_bytes()
+    body = _sealed_body(segment, data) if segment.complete else data[: data.rfind(b"\n") + 1]
+    if not body:
+        return None, []
+    raw_lines = body[:-1].split(b"\n")
+    first = parse_line(segment, 0, raw_lines[0])
+    key = segment_key(first)
+    if segment.complete and stored.get((segment.rank, segment.index, key)) == len(raw_lines):
+        return key, []
+    return key, [(0, first), *((line_no, parse_line(segment, line_no, raw))
+                              for line_no, raw in enumerate(raw_lines[1:], start=1))]
+
+
+def _rows(run_dir: Path, stored: StoredLines | None = None) -> pa.Table:
     run_id = run_dir.name
     columns: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
     instance_of_rank: dict[int, str] = {}
     for segment in list_segments(run_dir):
-        lines = read_segment_lines(segment)
-        if not lines:
+        key, lines = _segment_lines(segment, stored or {})
+        if key is None:
             continue
-        key = segment_key(lines[0][1])
         instance = instance_of_rank.setdefault(segment.rank, key)
         for line_no, record in lines:
             if record["run_id"] != run_id:
@@ -255,7 +298,9 @@ def ingest(run_dir: str | Path, db_path: str | Path, *, lock_timeout_s: float = 
     """
     run_dir = Path(run_dir)
     check_db_path(db_path)
-    rows = _rows(run_dir)  # files first: the lock is held only for the insert
+    # Files first: the write lock is held only for the insert. Sealed segments stored already
+    # are not parsed again (a short read-only look at the store first; see `_segment_lines`).
+    rows = _rows(run_dir, _stored_lines(run_dir.name, Path(db_path), lock_timeout_s))
     Path(db_path).parent.mkdir(parents=True, exist_ok=True)
     with connect_with_retry(db_path, lock_timeout_s=lock_timeout_s) as con:
         con.execute("BEGIN TRANSACTION")

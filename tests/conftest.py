@@ -25,5 +25,6 @@ def _private_state(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(home / "hf"))
     # Empty, not deleted: '' is the derived default, and the code location's resources read
     # these through dg.EnvVar, which refuses an unset variable.
-    for name in ("TRAINWISE_MLFLOW_URI", "TRAINWISE_S3_BUCKET", "TRAINWISE_DUCKDB_PATH"):
+    for name in ("TRAINWISE_MLFLOW_URI", "TRAINWISE_POSTGRES_URL", "TRAINWISE_S3_BUCKET",
+                 "TRAINWISE_DUCKDB_PATH"):
         monkeypatch.setenv(name, "")

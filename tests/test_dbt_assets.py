@@ -15,7 +15,7 @@ from telemetry.writer import SegmentWriter
 from trainwise import settings
 
 PARTITION = "pystdlib"
-MODELS = {"cost_per_token", "waste_breakdown", "decisions"}
+MODELS = {"cost_per_token", "waste_breakdown", "decisions", "utilization"}
 
 
 def _fake_run(run_id: str, partition: str) -> None:
@@ -40,6 +40,8 @@ def test_dbt_models_are_assets_downstream_of_telemetry_with_tests_as_checks():
         assert dg.AssetKey("telemetry") in graph.get(dg.AssetKey(model)).parent_keys
     checks = {c.name for c in graph.asset_check_keys if c.asset_key.path == ["cost_per_token"]}
     assert "not_null_cost_per_token_run_id" in checks
+    util_checks = {c.name for c in graph.asset_check_keys if c.asset_key.path == ["utilization"]}
+    assert {"utilization_shares_sum_to_one", "in_range_utilization_compute_share__1__0"} <= util_checks
     assert analytics.dbt_project.manifest_path.is_file()
 
 

@@ -4,6 +4,7 @@ import pytest
 
 from controllers.lever_guard import (
     LeverGuard,
+    StepCostGuard,
     default_levers,
     interpolate,
     judge_from_calibration,
@@ -71,3 +72,88 @@ def test_interval_and_interpolation():
 def test_bad_guard_settings_are_refused():
     with pytest.raises(ValueError, match="budget_samples"):
         LeverGuard("x", REFERENCE, budget_samples=0)
+
+
+def feed(guard: StepCostGuard, shape: tuple[int, int], ms_per_step: float, steps: int) -> None:
+    for _ in range(steps):
+        guard.observe_step(shape[0], shape[1], ms_per_step)
+
+
+def test_a_batch_split_that_is_slower_per_sample_is_switched_off_for_its_cost():
+    # The noise heuristic's 6x2 split: 92 ms for 12 samples against 68 ms for the fixed 12x1.
+    guard = StepCostGuard("batch", base_shape=(12, 1), patience=2)
+    feed(guard, (12, 1), 68.0, 10)
+    feed(guard, (6, 2), 92.0, 5)
+    assert guard.check(step=20) is None and guard.strikes == 1
+    feed(guard, (6, 2), 92.0, 5)
+    verdict = guard.check(step=30)
+    assert verdict is not None and not guard.on
+    assert verdict.reason.startswith("costs time") and "6x2" in verdict.reason
+    assert verdict.numbers["time_ratio"] == pytest.approx(92 / 68)
+
+
+def test_a_bigger_batch_that_is_faster_per_sample_is_not_struck_for_time():
+    guard = StepCostGuard("batch", base_shape=(12, 1), patience=1)
+    feed(guard, (12, 1), 68.0, 10)
+    feed(guard, (48, 1), 200.0, 5)  # 4.2 ms per sample against 5.7
+    assert guard.check(step=20) is None and guard.on and guard.strikes == 0
+    assert guard.check(step=30) is None  # no lever steps since the last check: not judged
+
+
+def test_a_slow_judgement_followed_by_a_fast_one_resets_the_strikes():
+    guard = StepCostGuard("batch", base_shape=(12, 1), patience=2)
+    feed(guard, (12, 1), 68.0, 10)
+    feed(guard, (6, 2), 92.0, 5)
+    assert guard.check(step=20) is None and guard.strikes == 1
+    feed(guard, (24, 1), 120.0, 5)
+    assert guard.check(step=30) is None and guard.strikes == 0 and guard.on
+
+
+def ttq_block(ratios, verdict_on):
+    """A time_to_quality summary block for prune_scored with these per-seed samples ratios."""
+    return {"levers": {"prune_scored": {"seeds": {
+        str(i): {"samples_ratio": r} for i, r in enumerate(ratios)}}},
+        "guard_all_seeds": [{"lever": "prune_scored", "on": verdict_on,
+                             "reason": "pays" if verdict_on else "costs quality"}]}
+
+
+def test_calibration_gives_the_simulator_no_saving_for_a_lever_the_guard_turns_off():
+    from benchmarks.time_to_quality.calibration import derive
+
+    document = {"meta": {"commit": "c", "tree_dirty": False}, "summary": {
+        "shakespeare_multi": ttq_block([0.7, 0.8, 0.75], True),
+        "shakespeare_short": ttq_block([0.9, 0.95, 0.92], True),
+        "mnist": ttq_block([None, 0.6, 0.7], False)}}
+    calibration = derive(document, "time_to_quality.json")
+    shakespeare = calibration["datasets"]["tinyshakespeare"]
+    assert shakespeare["work_fraction"] == pytest.approx(0.9233, abs=1e-4)  # the larger regime
+    assert shakespeare["workloads"]["shakespeare_multi"]["work_fraction"] == pytest.approx(0.75)
+    mnist = calibration["datasets"]["mnist"]
+    assert mnist["work_fraction"] == 1.0  # guarded off: full data
+    assert mnist["workloads"]["mnist"]["samples_ratio_mean"] == pytest.approx(0.7667, abs=1e-4)
+    assert mnist["workloads"]["mnist"]["seeds_reached"] == 2
+
+
+def test_calibration_file_is_read_by_the_simulators_loader(tmp_path):
+    import json
+
+    from benchmarks.time_to_quality.calibration import derive
+    from training.pruning_calibration import work_fraction
+
+    document = {"summary": {"mnist": ttq_block([0.5, 0.6], True)}}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(derive(document, "x.json")))
+    assert work_fraction("mnist", path) == pytest.approx(0.55)
+
+
+def test_a_guarded_lever_is_judged_against_the_other_seeds_fixed_runs():
+    from benchmarks.time_to_quality.suite import fixed_reference
+
+    def run(lever, seed, losses):
+        return {"workload": "w", "lever": lever, "seed": seed,
+                "eval_curve": [[i, 100 * i, 0.1 * i, v] for i, v in enumerate(losses)]}
+
+    runs = [run("fixed", 0, [3.0, 2.0]), run("fixed", 1, [3.2, 2.2]), run("fixed", 2, [9, 9]),
+            run("prune_scored", 0, [1.0, 1.0])]
+    assert fixed_reference(runs, "w", seed=2) == ((0.0, 3.1), (100.0, 2.1))
+    assert fixed_reference(runs, "other", seed=0) == ()

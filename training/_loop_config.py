@@ -73,6 +73,23 @@ class TrainConfig:
     takes precedence; False = checkpoint_every_steps until a live interval arrives"""
     checkpoint_min_interval_s: float = 60.0
     """the autotuned interval's floor (seconds): never checkpoint more often than this"""
+    # -- lever guard (controllers.lever_guard; issue 12) --
+    lever_guard: bool = False
+    """judge the run's levers (batch changes by the fast policy, dynamic pruning) at every
+    evaluation and switch off one that costs quality or time, with the reason recorded as a
+    decision (policy "lever_guard"); False = levers run unjudged"""
+    lever_guard_reference: tuple[tuple[float, float], ...] = ()
+    """the fixed schedule's (samples, eval loss) curve on this workload (calibration, e.g. the
+    time_to_quality benchmark's fixed runs); empty = quality is not judged in the run, only the
+    batch lever's own cost"""
+    lever_guard_loss_tolerance: float = 0.02
+    """relative eval loss above the reference at the same samples that counts as a strike"""
+    lever_guard_time_tolerance: float = 0.05
+    """relative seconds per sample above the fixed batch shape's that counts as a strike"""
+    lever_guard_patience: int = 3
+    """consecutive strikes (evaluations) before a lever is switched off"""
+    lever_guard_warmup_fraction: float = 0.2
+    """share of the budget's samples before quality is judged (early curves cross)"""
 
     def __post_init__(self) -> None:
         positive = ("max_steps", "micro_batch_size", "grad_accum_steps", "eval_every_steps",
@@ -85,6 +102,7 @@ class TrainConfig:
                      "price_usd_per_hour", "preemption_notice_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name}={getattr(self, name)} must be >= 0")
+        self._check_lever_guard()
         if not self.checkpoint_min_interval_s > 0:
             raise ValueError(f"TrainConfig.checkpoint_min_interval_s="
                              f"{self.checkpoint_min_interval_s} must be > 0 (seconds)")
@@ -93,6 +111,26 @@ class TrainConfig:
                 f"TrainConfig needs 0 < min_learning_rate ({self.min_learning_rate}) <= "
                 f"learning_rate ({self.learning_rate})"
             )
+
+    def _check_lever_guard(self) -> None:
+        if self.lever_guard_patience < 1:
+            raise ValueError(f"TrainConfig.lever_guard_patience={self.lever_guard_patience} "
+                             "must be >= 1 (evaluations)")
+        for name in ("lever_guard_loss_tolerance", "lever_guard_time_tolerance"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"TrainConfig.{name}={getattr(self, name)} must be >= 0")
+        if not 0 <= self.lever_guard_warmup_fraction < 1:
+            raise ValueError(f"TrainConfig.lever_guard_warmup_fraction="
+                             f"{self.lever_guard_warmup_fraction} must be in [0, 1)")
+        for point in self.lever_guard_reference:
+            if len(point) != 2 or not all(math.isfinite(float(v)) for v in point) \
+                    or float(point[0]) < 0:
+                raise ValueError(
+                    f"TrainConfig.lever_guard_reference has {point!r}: give (samples, eval "
+                    "loss) pairs of finite numbers, samples >= 0 (the fixed schedule's curve)")
+        # A frozen dataclass: store the curve as a tuple of float pairs whatever was passed.
+        object.__setattr__(self, "lever_guard_reference", tuple(
+            (float(s), float(v)) for s, v in self.lever_guard_reference))
 
 
 def get_lr(step: int, config: TrainConfig) -> float:

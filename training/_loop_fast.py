@@ -13,7 +13,7 @@ import math
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, Self
@@ -24,6 +24,7 @@ from controllers.checkpointing import (
     mtbf_from_risk_s,
 )
 from controllers.fast_types import FastAction, FastObservation, PreemptionResponse
+from controllers.lever_guard import LeverGuard, LeverVerdict, StepCostGuard
 from training.live_control import RISK_HORIZON_S, LiveControl, read_live_control
 
 
@@ -235,3 +236,140 @@ class LiveDecisions:
 def tuner_for(min_interval_s: float) -> CheckpointIntervalTuner:
     return CheckpointIntervalTuner(CheckpointTunerConfig(
         min_interval_s=min_interval_s, max_interval_s=max(min_interval_s, 6 * 3600.0)))
+
+
+BATCH_LEVER, PRUNING_LEVER = "batch", "pruning"
+LEVERS = (BATCH_LEVER, PRUNING_LEVER)
+
+
+@dataclass
+class LeverGuards:
+    """The lever guard inside a run (`TrainConfig.lever_guard`, controllers.lever_guard).
+
+    Levers: "batch" (the fast policy changed the batch shape away from the config's) and
+    "pruning" (dynamic pruning at a rate > 0). A lever is judged from the moment it acts:
+    quality at every evaluation against the fixed schedule's curve at the same samples (when
+    the config gives one), and the batch lever also by its own cost (seconds per sample of its
+    shapes against the config's shape, `StepCostGuard`). A lever judged to cost quality or time
+    is switched off: pruning gets rate 0 from the next epoch draw and the run's budget becomes
+    the fixed schedule's samples (LoopRun._budget_left: what it skipped is given back at the
+    end); the batch goes back to the config's shape and learning-rate scale and a later change
+    is refused. The levers are not
+    told apart when both act at once: a loss above the curve switches both off.
+    `off` is RunState.levers_off, so a resumed run keeps them off."""
+
+    config: Any  # TrainConfig (not imported: _loop_config imports nothing of the loop)
+    sampler: Any
+    off: dict[str, str]
+    base_shape: tuple[int, int]
+    quality: dict[str, LeverGuard] = field(default_factory=dict)
+    cost: StepCostGuard | None = None
+    engaged: set[str] = field(default_factory=set)
+    _refused: set[tuple[int, int]] = field(default_factory=set)
+
+    @classmethod
+    def build(cls, config: Any, sampler: Any, off: dict[str, str]) -> LeverGuards | None:
+        if not config.lever_guard:
+            return None
+        base = (int(config.micro_batch_size), int(config.grad_accum_steps))
+        guards = cls(config=config, sampler=sampler, off=off, base_shape=base)
+        if config.lever_guard_reference:
+            for lever in LEVERS:
+                guards.quality[lever] = LeverGuard(
+                    lever, list(config.lever_guard_reference),
+                    budget_samples=config.max_steps * base[0] * base[1],
+                    loss_tolerance=config.lever_guard_loss_tolerance,
+                    patience=config.lever_guard_patience,
+                    warmup_fraction=config.lever_guard_warmup_fraction, on=lever not in off,
+                    axis=("full-data samples (epochs covered)" if lever == PRUNING_LEVER
+                          else "samples"))
+        guards.cost = StepCostGuard(BATCH_LEVER, base,
+                                    time_tolerance=config.lever_guard_time_tolerance,
+                                    patience=config.lever_guard_patience,
+                                    on=BATCH_LEVER not in off)
+        guards._note_pruning()
+        return guards
+
+    @property
+    def base_batch(self) -> int:
+        return self.base_shape[0] * self.base_shape[1]
+
+    def _note_pruning(self) -> None:
+        if getattr(self.sampler, "kind", "") == "dynamic_pruning" and self.sampler.rate > 0 \
+                and PRUNING_LEVER not in self.off:
+            self.engaged.add(PRUNING_LEVER)
+
+    def start_record(self) -> tuple[dict[str, Any], str]:
+        """(action, reason) of the decision that says what the guard watches."""
+        pruning = getattr(self.sampler, "kind", "") == "dynamic_pruning"
+        watched = ["batch (when the fast policy changes the batch shape)"]
+        if pruning:
+            watched.append(f"pruning (rate {self.sampler.rate:g})")
+        how = (f"eval loss against the fixed schedule's curve ({len(self.config.lever_guard_reference)}"
+               " points) at the same samples, and the batch lever's seconds per sample"
+               if self.quality else "no reference curve: quality is not judged in this run, "
+               "only the batch lever's seconds per sample")
+        off = "; ".join(f"{k} off since before ({v})" for k, v in self.off.items())
+        reason = f"lever guard watches {', '.join(watched)}: {how}" + (f"; {off}" if off else "")
+        return ({"watching": sorted({*self.engaged, BATCH_LEVER} - set(self.off)),
+                 "levers_off": dict(self.off), "base_batch": list(self.base_shape)}, reason)
+
+    def observe_step(self, micro_batch: int, grad_accum: int, step_time_ms: float) -> None:
+        if (micro_batch, grad_accum) != self.base_shape and BATCH_LEVER not in self.off:
+            self.engaged.add(BATCH_LEVER)
+        if self.cost is not None:
+            self.cost.observe_step(micro_batch, grad_accum, step_time_ms)
+
+    def on_eval(self, step: int, samples: float, progress_samples: float,
+                eval_loss: float) -> list[LeverVerdict]:
+        """Judges the engaged levers at an evaluation; the verdicts that switched one off.
+
+        The batch lever is judged at the samples it has seen (a bigger batch must not need more
+        samples than it saves in time). Pruning is judged at the full-data samples its progress
+        stands for (`progress_samples`: the epochs covered): it ends the budget after those
+        epochs, so it is lossless only if its loss there is the fixed schedule's at the same
+        point (InfoBatch's protocol); a loss merely equal at the samples it drew means it will
+        end the budget short of the fixed schedule's quality."""
+        self._note_pruning()
+        verdicts: list[LeverVerdict] = []
+        for lever in sorted(self.engaged - set(self.off)):
+            guard = self.quality.get(lever)
+            at = progress_samples if lever == PRUNING_LEVER else samples
+            verdict = guard.observe_eval(at, eval_loss) if guard is not None else None
+            if verdict is None and lever == BATCH_LEVER and self.cost is not None:
+                verdict = self.cost.check(step)
+            if verdict is not None:
+                verdicts.append(verdict)
+        return verdicts
+
+    def switch_off(self, verdict: LeverVerdict) -> None:
+        """Applies an off verdict (every rank applies the same one)."""
+        self.off[verdict.lever] = verdict.reason
+        for guard in (self.quality.get(verdict.lever), self.cost):
+            if guard is not None and guard.lever == verdict.lever:
+                guard.on = False
+        self.engaged.discard(verdict.lever)
+        self.keep_pruning_off()
+
+    def keep_pruning_off(self) -> None:
+        """Pruning off: rate 0 from the next epoch draw (again if the slow tick or the control
+        file set another rate since)."""
+        if PRUNING_LEVER in self.off and getattr(self.sampler, "kind", "") == "dynamic_pruning" \
+                and self.sampler.rate > 0:
+            self.sampler.set_pruning_rate(0.0, reason=self.off[PRUNING_LEVER],
+                                          source="lever_guard")
+
+    def enforce_batch(self, run: Any) -> tuple[int, int] | None:
+        """Batch lever off: puts the config's shape and learning-rate scale back. Returns a
+        refused shape the first time it is seen (to record), else None."""
+        if BATCH_LEVER not in self.off:
+            return None
+        shape = (int(run.micro_batch_size), int(run.grad_accum_steps))
+        if shape == self.base_shape and run.lr_scale == 1.0:
+            return None
+        run.micro_batch_size, run.grad_accum_steps = self.base_shape
+        run.lr_scale = 1.0
+        if shape in self._refused:
+            return None
+        self._refused.add(shape)
+        return shape

@@ -113,6 +113,8 @@ class LoopRun:
         self._interval_steps: int | None = None  # None: config.checkpoint_every_steps
         self._risk = 0.0  # fed to the fast policy's observation
         self._start_step = self.run.step
+        # The lever guard (TrainConfig.lever_guard): None when off.
+        self.guards = fast.LeverGuards.build(self.config, self.sampler, self.run.levers_off)
 
     # -- bookkeeping ------------------------------------------------------------------------
     def _tick_clock(self) -> None:
@@ -136,7 +138,12 @@ class LoopRun:
         return self.sampler.progress_steps(self.run.step)
 
     def _budget_left(self) -> bool:
-        return self._progress_steps() < self.config.max_steps - 1e-9
+        if self._progress_steps() < self.config.max_steps - 1e-9:
+            return True
+        # Pruning switched off by the guard: the budget is the fixed schedule's samples, so the
+        # samples it skipped before are given back at the end (at the schedule's floor rate).
+        return (self.guards is not None and fast.PRUNING_LEVER in self.run.levers_off
+                and self.run.samples_seen < self.config.max_steps * self.guards.base_batch)
 
     def _learning_rate(self) -> float:
         return get_lr(self._progress_steps(), self.config) * self.run.lr_scale
@@ -155,7 +162,9 @@ class LoopRun:
 
     # -- the loop ---------------------------------------------------------------------------
     def execute(self, *, progress: bool, stop_after_steps: int | None) -> Status:
+        self._guard_start()
         status = self._execute(progress=progress, stop_after_steps=stop_after_steps)
+        self._guard_summary(status)
         if self.telemetry_error is not None:
             raise self.stopped_error()
         return status
@@ -217,6 +226,10 @@ class LoopRun:
                     return "stopped"
                 last = self._step()
                 steps_this_call += 1
+                if self.guards is not None:
+                    self.guards.observe_step(int(last.get("micro_batch_size", 0)),
+                                             int(last.get("grad_accum_steps", 0)),
+                                             float(last.get("step_time_ms", math.nan)))
                 bar.update(self._progress_steps() - bar.n)
                 bar.set_postfix(loss=f"{last['train_loss']:.3f}", usd=f"{self.run.cost_usd:.4f}",
                                 refresh=False)
@@ -228,6 +241,7 @@ class LoopRun:
                     pending = self._notice_pending(notice)
                     notice_s = self._notice_left_s(notice) if pending else None
                     response = self._fast_tick(last, notice_s=notice_s, apply=True)
+                    self._guard_enforce()
                     if pending:
                         answered = response
                     elif response is PreemptionResponse.CHECKPOINT_NOW:
@@ -460,11 +474,80 @@ class LoopRun:
         self.run.last_eval_loss, self.run.last_eval_accuracy = loss, accuracy
         self.run.last_eval_step = self.run.step
         self.sampler.observe_eval(self.run.step, loss)
+        self._guard_eval(loss)
         self.write(EvalEvent(
             run_id=self.run.run_id, rank=self.rank, step=self.run.step, eval_loss=loss,
             eval_accuracy=accuracy,
             eval_examples=count, eval_ms=(time.perf_counter() - began) * 1000.0,
         ))
+
+    # -- the lever guard (controllers.lever_guard, fast.LeverGuards) ---------------------------
+    def _guard_decision(self, action: dict[str, Any], reason: str,
+                        numbers: dict[str, float]) -> None:
+        # Every decision of the guard carries what the run has drawn so far against the fixed
+        # schedule: samples seen, the full-data samples the same budget progress stands for
+        # (pruning skips the difference) and the samples the fixed batch takes in these steps.
+        assert self.guards is not None
+        base = self.guards.base_batch
+        self.write(DecisionEvent(
+            run_id=self.run.run_id, rank=self.rank, step=self.run.step, layer="slow",
+            policy="lever_guard", action=action, reason=reason, numbers={
+                **numbers, "samples_seen": float(self.run.samples_seen),
+                "full_data_samples": float(self._progress_steps() * base),
+                "fixed_batch_samples": float(self.run.step * base),
+                "elapsed_s": float(self.run.elapsed_s)},
+            observation={"eval_loss": self.run.last_eval_loss, "step": self.run.step},
+        ))
+
+    def _guard_start(self) -> None:
+        if self.guards is not None:
+            self._tick_clock()
+            action, reason = self.guards.start_record()
+            self._guard_decision({"guard": "start", **action}, reason, {})
+
+    def _guard_eval(self, eval_loss: float) -> None:
+        """At an evaluation: the guard judges the levers; one that costs quality or time is
+        switched off here, with its reason recorded (rank 0's verdicts under torchrun)."""
+        if self.guards is None:
+            return
+        verdicts = self._gang_share(self.guards.on_eval(
+            self.run.step, float(self.run.samples_seen),
+            float(self._progress_steps() * self.guards.base_batch), eval_loss))
+        self.guards.keep_pruning_off()
+        for verdict in verdicts:
+            self.guards.switch_off(verdict)
+            self._tick_clock()
+            self._guard_decision({"guard": "switch_off", "lever": verdict.lever, "on": False},
+                                 verdict.reason, dict(verdict.numbers))
+        if verdicts:
+            self._guard_enforce()
+
+    def _guard_enforce(self) -> None:
+        """The batch lever is off: the config's batch shape, whatever the fast policy asked."""
+        if self.guards is None:
+            return
+        refused = self.guards.enforce_batch(self.run)
+        if refused is not None:
+            base = self.guards.base_shape
+            self._guard_decision(
+                {"guard": "refuse_batch", "lever": fast.BATCH_LEVER,
+                 "refused": list(refused), "micro_batch_size": base[0],
+                 "grad_accum_steps": base[1]},
+                f"batch shape {refused[0]}x{refused[1]} refused, back to the fixed "
+                f"{base[0]}x{base[1]}: the batch lever is off ({self.run.levers_off.get('batch')})",
+                {})
+
+    def _guard_summary(self, status: str) -> None:
+        """What the levers did in this call, against the fixed schedule (explain, MLflow)."""
+        if self.guards is None:
+            return
+        self._tick_clock()
+        on = sorted(self.guards.engaged - set(self.run.levers_off))
+        self._guard_decision(
+            {"guard": "summary", "status": status, "levers_on": on,
+             "levers_off": dict(self.run.levers_off)},
+            f"levers at the end of this call: on {', '.join(on) or 'none'}; off "
+            + (", ".join(self.run.levers_off) or "none"), {"steps": float(self.run.step)})
 
     def _checkpoint(self, reason: str) -> None:
         """Checkpoints this step boundary. Interval checkpoints (with `async_checkpoints`) are

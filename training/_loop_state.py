@@ -44,6 +44,8 @@ class RunState:
     # Under torchrun: each rank's share of the global batch, set at fast ticks (empty = equal
     # shares; a single process never uses it).
     rank_work_shares: list[float] = field(default_factory=list)
+    # Levers the guard switched off in this run (lever -> reason): they stay off on resume.
+    levers_off: dict[str, str] = field(default_factory=dict)
 
 
 def default_model_config(examples: ExampleSet) -> GPTConfig | CNNConfig:
@@ -185,4 +187,5 @@ def restore_state(
     values = {k: v for k, v in state.items() if k in names}
     values["noise_scale"] = GradNoiseScale(**state["noise_scale"])
     values["rank_work_shares"] = [float(s) for s in state.get("rank_work_shares", [])]
+    values["levers_off"] = {str(k): str(v) for k, v in state.get("levers_off", {}).items()}
     return RunState(**values)

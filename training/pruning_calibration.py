@@ -1,5 +1,12 @@
 """How much training work a job needs under trainwise's pruning, as measured on real runs.
 
+Since issue 12 the file is re-derived from the time-to-quality runs
+(`python -m benchmarks.time_to_quality.calibration`, see its docstring): `work_fraction` is the
+pruned run's samples to the fixed schedule's final eval loss over the fixed schedule's own, 1.0
+where the lever guard judges pruning off (the default configuration then runs full data), the
+largest over a dataset's workloads. The fields below are the older `benchmarks.data` derivation
+(judged at the end of the same schedule), which that suite still writes when run:
+
 `benchmarks.data` (`trainwise bench data`) trains the char GPT on tinyshakespeare and the CNN on
 MNIST with full data and with trainwise's slow-policy-driven pruning, and writes
 `benchmarks/results/pruning_calibration.json`, per dataset (mean over seeds, source runs named):
@@ -37,7 +44,8 @@ def load_calibration(path: str | Path | None = None) -> dict[str, Any] | None:
     if not path.is_file():
         warnings.warn(
             f"no pruning calibration at {path}: assuming pruning saves no work (fraction "
-            f"{NO_SAVING}); run `python -m benchmarks.data` (trainwise bench data) to measure it",
+            f"{NO_SAVING}); run `python -m benchmarks.time_to_quality.calibration` (from "
+            "time_to_quality.json; `python -m benchmarks.data` wrote the older figure)",
             stacklevel=3)
         return None
     try:

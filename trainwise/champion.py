@@ -5,7 +5,10 @@ The trainer (fast layer, `trainwise.runs.fast_policy`) and the slow tick (alloca
 `<TRAINWISE_HOME>/policies/<kind>/<region>/champion.npz` (written by `rl.retrain.apply_gate`).
 It is used only when `rl.policy_file.load_policy` accepts it (format, kind, layout, region,
 shapes, finite weights, weights hash; numbers only, never unpickled); otherwise the heuristic
-stays in charge and the reason carries the refusal, so the run's records say why. A NaN or
+stays in charge and the reason carries the refusal, so the run's records say why. When the
+MLflow Model Registry can be asked, the file must also be its `champion` version (same sha256,
+`rl.registry`): a file replaced outside the gate is refused; an unreachable registry, or one
+with no model for the region, leaves the file in charge and the reason says so. A NaN or
 infinite observation at decision time is refused inside the learned policy, which then acts as
 its heuristic for that decision (`rl.fast_path.Learned*Policy`).
 """
@@ -29,8 +32,24 @@ def _in_charge(kind: str, region: str, heuristic: Any, wrap: Any) -> tuple[Any, 
     # PolicyFileError is a ValueError; a malformed header can also surface as KeyError/TypeError.
     except (ValueError, KeyError, TypeError, OSError) as error:
         return heuristic, f"{kind} champion for {region} refused ({error}); {name} stays in charge"
+    accepted, registry_note = _registry_check(kind, region, path)
+    if not accepted:
+        return heuristic, (f"{kind} champion for {region} refused ({registry_note}); {name} stays "
+                           "in charge")
     version = policy.network.weights.version
-    return policy, f"{kind} champion v{version} for {region} in charge ({path}), over {name}"
+    return policy, (f"{kind} champion v{version} for {region} in charge ({path}), over {name}; "
+                    f"{registry_note}")
+
+
+def _registry_check(kind: str, region: str, path: Any) -> tuple[bool, str]:
+    """The file must be the registry's champion (`rl.registry.verify_champion_file`); a registry
+    that cannot be asked leaves the file in charge, with the reason in the note."""
+    from rl.registry import verify_champion_file
+
+    try:
+        return verify_champion_file(kind, region, path)
+    except Exception as error:  # noqa: BLE001 - a registry fault must not stop the run
+        return True, f"registry not checked ({type(error).__name__}: {error})"
 
 
 def fast_policy_in_charge(region: str, heuristic: Any) -> tuple[Any, str]:

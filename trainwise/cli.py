@@ -19,10 +19,10 @@ def _prepare_environment() -> Path:
     home = settings.home_dir()
     dagster_home = home / "dagster"
     dagster_home.mkdir(parents=True, exist_ok=True)
-    config = dagster_home / "dagster.yaml"
-    if not config.exists():
-        # No usage telemetry leaves the machine (it has no network anyway).
-        config.write_text("telemetry:\n  enabled: false\n")
+    from trainwise import deployment
+
+    # Telemetry off; PostgreSQL storage when TRAINWISE_POSTGRES_URL is set; a user's own file is kept.
+    deployment.write_instance_yaml(dagster_home)
     os.environ.setdefault("DAGSTER_HOME", str(dagster_home))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

@@ -293,6 +293,8 @@ class LiveRun:
                     self._open(self.backoff)
                 self._metrics += [Metric(k, float(v), end_ms, self._last_step)
                                   for k, v in final_metrics.items()]
+                self._metrics += [Metric(k, v, end_ms, self._last_step)
+                                  for k, v in self._lever_figures().items()]
                 self._tags["trainwise/status"] = train_status
                 self._flush(call)
             assert self.run_id is not None
@@ -440,6 +442,12 @@ class LiveRun:
         if record["type"] == "step":
             self._step_ms[step] = int(wall_s * 1000)
         self._add(event_metrics(record), int(wall_s * 1000), step)
+        if record["type"] == "decision" and record.get("policy") == "lever_guard":
+            action = record.get("action") or {}
+            if action.get("guard") == "switch_off":  # shows while the run trains
+                self._add({f"levers/{action.get('lever')}_on": 0.0}, int(wall_s * 1000), step)
+                self._tags[f"trainwise/lever_{action.get('lever')}"] = \
+                    f"off: {record.get('reason', '')}"[:5000]
         if record["type"] == "decision":
             self._decision(wall_s, step, str(record.get("layer", "fast")),
                            str(record.get("policy", "")), "telemetry", record.get("action", {}),
@@ -486,6 +494,27 @@ class LiveRun:
                        str(reason or content.get("reason", "")))
 
     # -- end of run ------------------------------------------------------------------------------
+    def _lever_figures(self) -> dict[str, float]:
+        """What each lever decided and saved or cost over the whole run (trainwise.explain's
+        figures, so MLflow and `trainwise explain` agree): metrics levers/*, and a tag per lever
+        (trainwise/lever_<name>: on, not used, or off with the guard's reason)."""
+        from trainwise.explain import lever_effects, lever_metrics, lever_states
+
+        try:
+            records = reader.read_run_events(self.spec.telemetry_dir)
+            consumption: list[dict[str, Any]] = []
+            if self.spec.consumption_path is not None:
+                whole = ConsumptionTail(self.spec.consumption_path)
+                whole._offset = 0  # every session's records: the figures are the run's
+                consumption = whole.poll()
+            effects = lever_effects(records, consumption)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            self._note(f"per-lever figures not computed: {error}")
+            return {}
+        for lever, state in lever_states(effects).items():
+            self._tags[f"trainwise/lever_{lever}"] = state[:5000]
+        return lever_metrics(effects)
+
     def write_decisions(self, path: Path) -> Path:
         """The decision table as CSV (one row per decision, in the order seen)."""
         path = Path(path)

@@ -11,6 +11,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,6 +38,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TRAINWISE_DUCKDB_PATH", "", "DuckDB file for telemetry; empty = $TRAINWISE_HOME/trainwise.duckdb"),
     Setting("TRAINWISE_MLFLOW_URI", "", "MLflow tracking URI (e.g. http://127.0.0.1:5000); "
             "empty = sqlite:///$TRAINWISE_HOME/mlflow.db"),
+    Setting("TRAINWISE_POSTGRES_URL", "", "PostgreSQL of a multi-machine deployment, "
+            "postgresql+psycopg2://USER@HOST:PORT/DB (password in PGPASSWORD, not in the URL): "
+            "Dagster's instance storage in DB, MLflow's backend store in DB_mlflow unless "
+            "TRAINWISE_MLFLOW_URI is set; empty = embedded sqlite under TRAINWISE_HOME"),
     Setting("TRAINWISE_S3_BUCKET", "", "S3 bucket for checkpoints; empty = local folder "
             "$TRAINWISE_HOME/objects"),
     Setting("TRAINWISE_S3_ENDPOINT_URL", "", "S3 endpoint override (moto_server, MinIO); empty = AWS"),
@@ -184,9 +189,48 @@ def duckdb_path() -> Path:
     return Path(value).expanduser().resolve() if value else home_dir() / "trainwise.duckdb"
 
 
+# Dagster and MLflow both hand the URL to SQLAlchemy, whose 2.1 reads a bare postgresql:// with
+# psycopg 3; the driver installed is psycopg2, so the URL names it.
+POSTGRES_SCHEME = "postgresql+psycopg2"
+MLFLOW_DB_SUFFIX = "_mlflow"  # MLflow's own database: both it and Dagster keep alembic_version
+
+
+def postgres_url() -> str:
+    """TRAINWISE_POSTGRES_URL checked: '' (embedded sqlite) or
+    postgresql+psycopg2://USER@HOST[:PORT]/DB.
+
+    A password in the URL is refused: libpq takes it from PGPASSWORD (or ~/.pgpass), so the URL
+    can show in dagster.yaml, MLflow and the Launchpad without a secret in it."""
+    raw = get("TRAINWISE_POSTGRES_URL")
+    if not raw:
+        return ""
+    form = f"{POSTGRES_SCHEME}://USER@HOST:PORT/DB (password in PGPASSWORD)"
+    try:
+        parts = urlsplit(raw)
+        has_password, host, _port = parts.password is not None, parts.hostname, parts.port
+    except ValueError:  # a port that is not a number
+        parts, has_password, host = None, False, None
+    if has_password:
+        raise SettingError("TRAINWISE_POSTGRES_URL has a password in it; remove it from the URL "
+                           "and export PGPASSWORD instead (libpq reads it), so no log shows it")
+    database = parts.path.lstrip("/") if parts else ""
+    if parts is None or parts.scheme != POSTGRES_SCHEME or not host or not parts.username \
+            or not database or "/" in database:
+        raise SettingError(f"TRAINWISE_POSTGRES_URL={raw!r} is not {form}; set it so, or unset "
+                           "it for the embedded sqlite")
+    return raw
+
+
 def mlflow_uri() -> str:
+    """TRAINWISE_MLFLOW_URI; else DB_mlflow on TRAINWISE_POSTGRES_URL's server; else sqlite."""
     value = get("TRAINWISE_MLFLOW_URI")
-    return value if value else f"sqlite:///{home_dir() / 'mlflow.db'}"
+    if value:
+        return value
+    postgres = postgres_url()
+    if postgres:
+        parts = urlsplit(postgres)
+        return urlunsplit(parts._replace(path=parts.path + MLFLOW_DB_SUFFIX))
+    return f"sqlite:///{home_dir() / 'mlflow.db'}"
 
 
 def check_all() -> None:
@@ -194,7 +238,7 @@ def check_all() -> None:
     SettingError listing each bad one."""
     problems = []
     for check in (home_dir, pruning_rate, torch_threads, min_forecast_savings_usd,
-                  max_eval_loss_regression, budget_usd):
+                  max_eval_loss_regression, budget_usd, postgres_url):
         try:
             check()
         except SettingError as error:

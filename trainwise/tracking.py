@@ -245,9 +245,17 @@ class RunRecord:
 
 
 def default_artifact_root(tracking_uri: str) -> Path | None:
-    """`<folder of the sqlite file>/mlflow-artifacts`; None for servers and other stores."""
+    """`<folder of the sqlite file>/mlflow-artifacts`; `<TRAINWISE_HOME>/mlflow-artifacts` for a
+    database server (postgresql://, mysql://), which has no folder (MLflow would use
+    `<cwd>/mlruns`); None for http servers, which keep their own artifact store."""
     database = sqlite_path(tracking_uri)
-    return database.parent / "mlflow-artifacts" if database is not None else None
+    if database is not None:
+        return database.parent / "mlflow-artifacts"
+    if tracking_uri.startswith(("postgresql:", "postgresql+", "mysql:", "mysql+")):
+        from trainwise import settings
+
+        return settings.home_dir() / "mlflow-artifacts"
+    return None
 
 
 def _slug(name: str) -> str:

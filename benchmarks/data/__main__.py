@@ -25,7 +25,10 @@ from benchmarks.results_io import provenance, write_atomic, write_results
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results"
 STEM = "data"
 PLOT_NAME = "data_eval_loss_vs_samples.png"
-CALIBRATION_NAME = "pruning_calibration.json"
+# The simulator's calibration (pruning_calibration.json) is derived from the time_to_quality runs
+# (`python -m benchmarks.time_to_quality.calibration`); this suite's own work fractions go to a file
+# of their own so that re-running it never overwrites that calibration.
+CALIBRATION_NAME = "data_work_fractions.json"
 
 BUDGET = f"""\
 Budget: the same number of epochs for every method, with the same learning-rate schedule over
@@ -99,13 +102,15 @@ def render_markdown(payload: dict[str, Any]) -> str:
         parts += ["", f"Work at full-data quality over the same epochs (share of the full-data "
                       f"budget; a seed whose final loss is more than 1% above, or accuracy more "
                       f"than 0.3 points below, its full-data run counts 1.0): {shares}. The "
-                      f"trainwise figure is the simulator's calibration."]
+                      f"trainwise figure is recorded in `{CALIBRATION_NAME}` (the simulator's calibration "
+                      f"comes from `time_to_quality`)."]
         parts.append("")
         parts.append(_pruning_line(rows, name, spec["epochs"]))
         parts.append("")
     parts += ["## What limits the savings", "", *payload["limits"], "",
-              (f"Plot: `{PLOT_NAME}`. Calibration for the simulator: `{CALIBRATION_NAME}` "
-              "(the trainwise work fraction per dataset, source runs named).")]
+              (f"Plot: `{PLOT_NAME}`. Work fractions: `{CALIBRATION_NAME}` (the trainwise work "
+              "fraction per dataset, source runs named; the simulator reads pruning_calibration.json, "
+              "derived from time_to_quality).")]
     return "\n".join(parts)
 
 

@@ -35,7 +35,10 @@ forward, backward and optimizer; evaluation left out), plus what a lever spends 
 (goodput's throughput profile, prune_scored's reference-model scores). USD = CPU-seconds x {price}
 USD/h / 3600 ({instance} on-demand, {region}, `cloud.prices`, table {date}; the price list has no
 CPU-only type, so USD ratios equal CPU ratios). The default configuration is the guard's
-(`controllers.lever_guard`), judged leave-one-out over seeds; see `report.py`."""
+(`controllers.lever_guard`), judged leave-one-out over seeds; see `report.py`. `*_guarded`:
+the same lever with the guard inside the run (`TrainConfig.lever_guard`, defaults: 2% loss
+tolerance, 3 evaluations, after 20% of the budget), judged against the mean eval curve of the
+fixed runs of the other seeds; a switched-off pruning gets the fixed schedule's sample budget."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ttq-") as scratch:
         work = args.work or Path(scratch)
         runs = kept + run_all(workloads, levers, seeds, work, jobs,
-                              log=lambda line: print(line, file=sys.stderr))
+                              log=lambda line: print(line, file=sys.stderr), reused=kept)
     summary = report.summarize(runs, all_levers, price)
     payload: dict[str, Any] = {
         "quick": args.quick, "seeds": list(seeds), "levers": list(all_levers), "jobs": jobs,
@@ -132,7 +135,16 @@ def render_markdown(payload: dict[str, Any], plotted: bool) -> str:
         parts += [f"## {name}", "", f"{workload['description']}.", "",
                   report.render_table(block["levers"]), "", "Guard on all seeds:"]
         parts += [f"- {v['lever']}: {'on' if v['on'] else 'off'}: {v['reason']}"
-                  for v in block["guard_all_seeds"]]
+                  for v in block["guard_all_seeds"] if block["levers"][v["lever"]]["seeds"]]
+        offs = [f"{r['lever']} s{r['seed']}: {o['lever']} off at step {o['step']} of "
+                f"{r['steps']} ({o['reason']})" for r in payload["runs"]
+                if r["workload"] == name for o in r.get("guard_switch_offs", [])]
+        guarded = [r for r in payload["runs"] if r["workload"] == name
+                   and r["lever"].endswith("_guarded")]
+        if guarded:
+            parts.append(f"- in-run guard: {len(offs)} switch-off(s) in {len(guarded)} guarded "
+                         "runs" + (":" if offs else ""))
+            parts += [f"  - {line}" for line in offs]
         default = block["levers"]["default"]["cpu_ratio"]
         if default["high"] is not None:
             ok = default["high"] <= 1.0 + 1e-12 and default["reached"] == default["seeds"]

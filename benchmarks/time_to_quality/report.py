@@ -144,6 +144,9 @@ def render_table(rows: dict[str, Any]) -> str:
                          f"{fmt_interval(row['cpu_ratio'])} | "
                          f"{fmt_interval(row['samples_ratio'])} | | | |")
             continue
+        if not row["seeds"]:  # a lever not run on this workload (a partial --reuse)
+            lines.append(f"| {lever} | not run | | | | |")
+            continue
         lines.append(f"| {lever} | {fmt_interval(row['cpu_ratio'])} | "
                      f"{fmt_interval(row['samples_ratio'])} | {fmt_interval(row['cpu_s'], 1)} | "
                      f"{fmt_interval(row['usd'], 6)} | "

@@ -19,6 +19,11 @@ Levers (`LEVERS`):
 - `prune_scored`: InfoBatch draw at rate 0.5 with initial scores from
   `training.scoring.difficulty_scores` (reference-model per-example loss: bigram for text,
   logistic regression for images), kept below-mean examples weighted 1/(1-r), anneal 0.125.
+- `noise_guarded`, `prune_guarded`: `noise_batch` and `prune_scored` with the lever guard in the
+  run (`TrainConfig.lever_guard`): its reference is the mean eval curve of the fixed schedule's
+  runs of the OTHER seeds on the workload (leave-one-out, so no seed is judged against itself);
+  a lever it judges to cost quality or time is switched off mid-run. They run after the fixed
+  runs (or reuse them, `--reuse`).
 
 CPU-seconds: thread CPU time inside `train_step` (`training._loop_step.STEP_CPU`; one torch
 thread), read at every fast tick; evaluation is the instrument and is left out.
@@ -34,7 +39,8 @@ from typing import Any
 
 from benchmarks.parallel import run_in_workers
 
-LEVERS = ("fixed", "noise_batch", "goodput", "prune_scored")
+LEVERS = ("fixed", "noise_batch", "goodput", "prune_scored", "noise_guarded", "prune_guarded")
+GUARDED = {"noise_guarded": "noise_batch", "prune_guarded": "prune_scored"}
 PRUNING_RATE = 0.5
 ANNEAL_FRACTION = 0.125
 
@@ -97,6 +103,7 @@ class RunSpec:
     seed: int
     shards_dir: str
     work_dir: str
+    reference: tuple[tuple[float, float], ...] = ()  # guarded levers: the fixed schedule's curve
 
     @property
     def run_id(self) -> str:
@@ -149,6 +156,7 @@ def lever_setup(lever: str, workload: Workload, examples, config) -> tuple[Any, 
     from training.dynamic_pruning import DynamicPruningConfig
     from training.scoring import difficulty_scores
 
+    lever = GUARDED.get(lever, lever)  # the guard is in the config, the lever the same
     if lever == "fixed":
         return NoOpFastPolicy(), None, 0.0
     if lever == "noise_batch":
@@ -191,6 +199,11 @@ def run_one(run: RunSpec) -> dict[str, Any]:
     examples = subset(load_shards(Path(run.shards_dir)), w.max_train_examples,
                       w.max_eval_examples)
     config = train_config(w, examples, run.seed, run.run_id)
+    if run.lever in GUARDED:
+        if not run.reference:
+            raise ValueError(f"{run.run_id}: a guarded lever needs the fixed schedule's curve "
+                             "from other seeds; run or --reuse fixed with >= 2 seeds")
+        config = dataclasses.replace(config, lever_guard=True, lever_guard_reference=run.reference)
     inner, pruning, setup_cpu_s = lever_setup(run.lever, w, examples, config)
     policy = RecordingPolicy(inner)
     policy.cpu_offset_s = setup_cpu_s
@@ -211,13 +224,17 @@ def run_one(run: RunSpec) -> dict[str, Any]:
         if e["type"] == "eval" and e["step"] in cpu_at:
             curve.append([e["step"], samples_at[e["step"]], cpu_at[e["step"]], e["eval_loss"]])
     batches = sorted({e["micro_batch_size"] * e["grad_accum_steps"] for e in steps})
-    decisions = [e["reason"] for e in events if e["type"] == "decision"]
+    decisions = [e["reason"] for e in events if e["type"] == "decision"
+                 and e["policy"] != "lever_guard"]
+    guard_offs = [{"step": e["step"], "lever": e["action"].get("lever"), "reason": e["reason"]}
+                  for e in events if e["type"] == "decision" and e["policy"] == "lever_guard"
+                  and e["action"].get("guard") == "switch_off"]
     return {
         "workload": w.name, "lever": run.lever, "seed": run.seed, "run_id": run.run_id,
         "steps": result.steps, "samples": result.samples_seen,
         "train_cpu_s": cpu_at[result.steps], "setup_cpu_s": setup_cpu_s, "wall_s": wall_s,
         "final_eval_loss": result.final_eval_loss, "global_batches_used": batches,
-        "last_decision": decisions[-1] if decisions else "",
+        "last_decision": decisions[-1] if decisions else "", "guard_switch_offs": guard_offs,
         "eval_curve": curve, "eval_curve_columns": ["step", "samples", "cpu_s", "eval_loss"],
     }
 
@@ -231,14 +248,40 @@ def build_shards_once(partition: str, work_dir: Path) -> Path:
     return out
 
 
+def fixed_reference(runs: list[dict[str, Any]], workload: str, seed: int
+                    ) -> tuple[tuple[float, float], ...]:
+    """Mean (samples, eval loss) of the fixed schedule's runs of the other seeds (their evals
+    fall at the same samples: fixed batch)."""
+    curves = [r["eval_curve"] for r in runs if r["workload"] == workload
+              and r["lever"] == "fixed" and r["seed"] != seed]
+    if not curves:
+        return ()
+    points: dict[float, list[float]] = {}
+    for curve in curves:
+        for _, samples, _, loss in curve:
+            points.setdefault(float(samples), []).append(float(loss))
+    return tuple((x, sum(v) / len(v)) for x, v in sorted(points.items())
+                 if len(v) == len(curves))
+
+
 def run_all(workloads: tuple[Workload, ...], levers: tuple[str, ...], seeds: tuple[int, ...],
-            work_dir: Path, jobs: int, log=print) -> list[dict[str, Any]]:
-    runs = []
-    for w in workloads:
-        shards = build_shards_once(w.partition, work_dir)
-        runs += [RunSpec(w, lever, s, str(shards), str(work_dir / "runs")) for lever in levers
-                 for s in seeds]
-    return run_in_workers(runs, run_one, jobs, _progress_line, log)
+            work_dir: Path, jobs: int, log=print,
+            reused: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The runs of `levers`; guarded levers after the others, with references from the fixed
+    runs (these, or `reused` ones)."""
+    plain = [lever for lever in levers if lever not in GUARDED]
+    guarded = [lever for lever in levers if lever in GUARDED]
+    shards = {w.name: build_shards_once(w.partition, work_dir) for w in workloads}
+    specs = [RunSpec(w, lever, s, str(shards[w.name]), str(work_dir / "runs"))
+             for w in workloads for lever in plain for s in seeds]
+    results = run_in_workers(specs, run_one, jobs, _progress_line, log) if specs else []
+    if guarded:
+        known = results + list(reused or [])
+        specs = [RunSpec(w, lever, s, str(shards[w.name]), str(work_dir / "runs"),
+                         fixed_reference(known, w.name, s))
+                 for w in workloads for lever in guarded for s in seeds]
+        results += run_in_workers(specs, run_one, jobs, _progress_line, log)
+    return results
 
 
 def _progress_line(r: dict[str, Any], done: int, total: int) -> str:
