@@ -21,6 +21,12 @@ The spec (JSON) names everything a rank needs, the same file for all ranks:
   micro_batch_ms  emulated device milliseconds per micro batch (benchmarks)
   result_dir      each rank writes rank<R>.json there (TrainResult as JSON), and rank<R>.pid
                   when it starts (tests send one rank a preemption notice: SIGTERM to that pid)
+  store           {"uploader": "module:function", "root": folder, "key_prefix": "..."}: rank 0
+                  uploads each checkpoint to that object store (a local folder standing for
+                  it) as soon as it is durable, and waits for the uploads before it exits
+                  (`upload_timeout_s`, default 60); its
+                  result says what reached the store ("uploads"). A replacement node restores
+                  from there (`trainwise.gang.TorchrunGang`).
 """
 
 from __future__ import annotations
@@ -118,6 +124,31 @@ def resolve_resume(resume_from: str | None, out_dir: Path) -> str | None:
     return str(folder) if folder.is_dir() and latest_good_checkpoint(folder) else None
 
 
+def checkpoint_uploader(store: dict[str, Any] | None, rank: int) -> Any:
+    """Rank 0's uploader to the spec's object store (the one rank that writes checkpoints);
+    None on other ranks or without a store. The spec names the uploader's factory as
+    "module:function" (like `examples`): the driver that launches the gang owns the store, so the
+    trainer does not depend on it."""
+    if not store or rank != 0:
+        return None
+    missing = [key for key in ("uploader", "root", "key_prefix") if key not in store]
+    if missing:
+        raise ValueError(f"spec store={store!r} lacks {', '.join(missing)}: give {{'uploader': "
+                         "'module:function', 'root': folder, 'key_prefix': '...'}")
+    module, _, function = store["uploader"].partition(":")
+    factory = getattr(importlib.import_module(module), function)
+    return factory(root=store["root"], key_prefix=store["key_prefix"])
+
+
+def torchrun_command(spec_path: Path, nproc_per_node: int, master_port: int,
+                     python: str = sys.executable) -> list[str]:
+    """torchrun for one machine (static rendezvous on loopback: c10d's store start-up costs
+    ~2 s a job) running this worker on `spec_path`."""
+    return [python, "-m", "torch.distributed.run", f"--nproc_per_node={nproc_per_node}",
+            "--master_addr=127.0.0.1", f"--master_port={master_port}",
+            "-m", "training.ddp_worker", str(spec_path)]
+
+
 def main(argv: Sequence[str]) -> int:
     if len(argv) != 1:
         print("usage: torchrun ... -m training.ddp_worker SPEC.json", file=sys.stderr)
@@ -141,12 +172,15 @@ def main(argv: Sequence[str]) -> int:
     if slowdown is not None or spec.get("micro_batch_ms"):
         emulation = distributed.Emulation(micro_batch_ms=float(spec.get("micro_batch_ms", 0.0)),
                                           slowdown=slowdown)
+    uploader = None
     try:
+        uploader = checkpoint_uploader(spec.get("store"), rank)
         result = train(
             build_config(spec["config"]), examples, None, spec["out_dir"],
             fast_policy=build_policy(spec.get("policy", {})),
             resume_from=resolve_resume(spec.get("resume_from"), Path(spec["out_dir"])),
             stop_after_steps=spec.get("stop_after_steps"),
+            on_checkpoint=uploader.submit if uploader is not None else None,
             emulation=emulation,
         )
         record = {k: str(v) if isinstance(v, Path) else v
@@ -154,6 +188,10 @@ def main(argv: Sequence[str]) -> int:
     except Exception as error:  # noqa: BLE001 - recorded for the caller, then the exit code
         record = {"error": f"{type(error).__name__}: {error}",
                   "traceback": traceback.format_exc()}
+    if uploader is not None:  # before the node goes: what is not in the store is lost with it
+        report = uploader.drain(float(spec.get("upload_timeout_s", 60.0)))
+        record["uploads"] = {"uploaded": list(report.uploaded),
+                             "failed": [list(f) for f in report.failed]}
     if spec.get("result_dir"):
         out = Path(spec["result_dir"])
         out.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,11 @@ on, and the provider's bill is the run's cloud bill. `GangSession`, in order:
    the run's telemetry as slow-layer decision events under `PROVIDER_RANK`, so `trainwise
    explain` shows them next to the trainer's own checkpoints and notices.
 
+5. A torchrun gang (`TorchrunGang`, issue 11 item 5): one node per rank, rank r on node r. A
+   notice for one node SIGTERMs that rank only; the gang stops at one step boundary with one
+   checkpoint (rank 0 uploads it to the object store), only the noticed node is released and
+   replaced (`replace_noticed`), and the gang restarts at the same world size from the store.
+
 Time: the replayed trace runs accelerated (`seconds_per_tick` wall seconds per trace tick); the
 training does not (its steps take their real time). Node seconds are on the provider's clock.
 """
@@ -37,6 +42,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -199,6 +205,11 @@ class GangSession:
     _notice_wall_s: float | None = None
     _last_wall_s: float = 0.0
     _writer: Any = None
+    # A gang of processes, one per node (`TorchrunGang`): a stop is handed to this callback
+    # (the nodes noticed, [] for the whole gang; the reason) instead of SIGTERM to this process.
+    # It returns what it did, recorded with the notice.
+    on_stop: Callable[[list[NodeHandle], str], dict[str, Any]] | None = None
+    noticed: list[NodeHandle] = field(default_factory=list)  # of the current stop
 
     # -- set up -----------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -295,6 +306,8 @@ class GangSession:
         wanted = self._wanted()
         if notices:
             self.reclaims += 1
+            ids = {e.node_id for e in notices}
+            self.noticed = [n for n in self.nodes if n.node_id in ids]
             self._stop(f"reclaim: {notices[0].detail or notices[0].state.value} "
                        f"(node {notices[0].node_id})")
         elif (wanted is not None and wanted != self._acted_on
@@ -309,10 +322,20 @@ class GangSession:
             wanted = replace(wanted, zone=self.allocation.zone)
         return wanted
 
+    def resume_clock(self) -> None:
+        """The provider's clock runs from now: a gang's start-up and restore (before its first
+        step) are inside the changeover `_boot` already modelled, not billed twice."""
+        self._last_wall_s = time.monotonic()
+
     def _stop(self, reason: str) -> None:
         self._end_segment()
         self.stop_reason = reason
         self._notice_wall_s = time.monotonic()
+        if self.on_stop is not None:
+            done = self.on_stop(list(self.noticed), reason)
+            self._record("notice", f"{reason}: {done.get('what', 'the gang was told')}",
+                         {"noticed": [n.node_id for n in self.noticed], **done})
+            return
         self._record("notice", f"{reason}: SIGTERM to trainer pid {os.getpid()}",
                      {"pid": os.getpid()})
         if threading.current_thread() is threading.main_thread():
@@ -356,6 +379,57 @@ class GangSession:
                             f"{type(error).__name__}: {error}")
             self._record("launch_failed", self.failure, {})
             return False
+        self.replacements += 1
+        return True
+
+    def replace_noticed(self) -> bool:
+        """After a reclaim of some of the gang's nodes (`noticed`): only those are replaced,
+        each in its own place in `nodes` (node r stands for rank r), in the allocation's zone
+        and market (spot refused: on-demand there, a recorded fallback); the other nodes are
+        kept, billed while the gang waits for the replacement's changeover. Any other stop
+        (a new allocation, no node named) replaces the whole gang (`replace`). False (and
+        `failure` set) when no replacement could be launched."""
+        noticed, self.noticed = self.noticed, []
+        if not self.stop_reason.startswith("reclaim") or not noticed:
+            return self.replace()
+        reason, self.stop_reason = self.stop_reason, ""
+        shutdown_wall_s = time.monotonic() - (self._notice_wall_s or time.monotonic())
+        for node in noticed:
+            if hasattr(self.provider, "node_down"):
+                self.provider.node_down(node, shutdown_wall_s)  # billed until the gang stopped
+            else:
+                self.provider.terminate(node, "released: " + reason[:60])
+        if self.replacements >= MAX_REPLACEMENTS:
+            self.failure = (f"{self.replacements} replacements already launched (the most a run "
+                            "may); resume the run later")
+            self._record("gave_up", self.failure, {})
+            return False
+        wanted = self.allocation
+        for node in noticed:
+            rank = self.nodes.index(node)
+            why = f"replacement of node {node.node_id} (rank {rank})"
+            try:
+                try:
+                    [new] = self.provider.launch(wanted.zone, self.instance_type, wanted.market, 1)
+                    market, source = wanted.market, wanted.source
+                except LaunchFailedError as refused:
+                    if wanted.market != SPOT:
+                        raise
+                    self.fallbacks.append(f"spot refused in {wanted.zone} ({refused.reason}): "
+                                          f"on-demand instead for rank {rank}")
+                    [new] = self.provider.launch(wanted.zone, self.instance_type, ON_DEMAND, 1)
+                    market, source = ON_DEMAND, f"fallback: {refused.reason}"
+            except (ProviderError, ValueError) as error:
+                self.failure = (f"replacement launch for rank {rank} failed after "
+                                f"{reason[:80]}: {type(error).__name__}: {error}")
+                self._record("launch_failed", self.failure, {"rank": rank})
+                return False
+            self.nodes[rank] = new
+            self._record("launch", f"{why}: 1 x {self.instance_type} {market} in {wanted.zone}",
+                         {"nodes": [new.node_id], "replaces": node.node_id, "rank": rank,
+                          "market": market, "zone": wanted.zone, "source": source,
+                          "why": reason})
+        self._boot()
         self.replacements += 1
         return True
 
@@ -458,6 +532,205 @@ class GangSession:
             observation={}))
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class TorchrunGang:
+    """A torchrun gang (`training.ddp_worker`, one process per rank) on the session's nodes,
+    rank r on `session.nodes[r]`, run through the provider until it completes:
+
+    1. the session launches one node per rank and boots it (the changeover); torchrun starts
+       the ranks; the provider's clock runs from the gang's first step on every rank (start-up
+       and restore are inside the changeover already modelled);
+    2. the driver polls the provider at `poll_s` (`GangSession.check`): a reclaim notice for
+       a node SIGTERMs that node's rank only, as the node's agent would; the ranks exchange the
+       notice at the next step (`training.distributed`), the fast layer answers it, the whole
+       gang stops at one step boundary, rank 0 writes one checkpoint and uploads it to the
+       object store before it exits;
+    3. the noticed node is released and replaced (`GangSession.replace_noticed`: same zone and
+       market, spot refused -> on-demand, recorded); the gang's checkpoint folder, standing for
+       the nodes' disks, is emptied and the store's newest committed checkpoint restored into
+       it; torchrun starts the gang again at the same world size from that checkpoint.
+
+    A segment that ends without completing for any other reason (an error, a stop nobody sent)
+    ends the run "interrupted" with `failure` set: never a success with a partial model.
+    Everything is recorded in `gang.json` (the session) and returned by `run()`.
+    """
+
+    session: GangSession
+    spec: dict[str, Any]  # ddp_worker spec: out_dir, config, examples, policy (resume_from)
+    work_dir: Path
+    store_root: Path
+    key_prefix: str
+    nproc: int
+    timeout_s: float = 600.0  # per segment
+    poll_s: float = 0.05
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    failure: str = ""
+    _pids: dict[int, int] = field(default_factory=dict)
+
+    def run(self) -> dict[str, Any]:
+        if self.session.allocation.nodes != self.nproc:
+            raise ValueError(f"allocation of {self.session.allocation.nodes} node(s) for "
+                             f"{self.nproc} rank(s): give one node per rank (nodes={self.nproc})")
+        self.work_dir = Path(self.work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.session.on_stop = self._tell
+        self.session.start()
+        resume_from = self.spec.get("resume_from")
+        status, results = "interrupted", []
+        try:
+            while True:
+                results = self._segment(len(self.segments), resume_from)
+                statuses = [r.get("status") for r in results]
+                if statuses == ["completed"] * self.nproc:
+                    status = "completed"
+                    break
+                if statuses != ["preempted"] * self.nproc or not self.session.stop_reason:
+                    self.failure = (f"segment {len(self.segments) - 1} ended {statuses} without a "
+                                    f"stop of ours: {self._errors(results)}")
+                    break
+                if not self.session.replace_noticed():
+                    self.failure = self.session.failure
+                    break
+                if len(self.session.nodes) != self.nproc:  # the slow layer's new node count
+                    self.failure = (f"the allocation now holds {len(self.session.nodes)} node(s) "
+                                    f"for a gang of {self.nproc} rank(s): a resume at another "
+                                    "world size is refused; restart the run with "
+                                    f"nproc={len(self.session.nodes)} from its checkpoint")
+                    break
+                resume_from = self._restore(results[0])  # onto the replacement's empty disk
+        finally:
+            record = self.session.close(status)
+        return {"status": status, "failure": self.failure, "results": results,
+                "segments": self.segments, "gang": record}
+
+    def _segment(self, index: int, resume_from: str | None) -> list[dict[str, Any]]:
+        """One torchrun job of the gang; its ranks' results."""
+        import subprocess
+        import sys
+
+        from training.ddp_worker import torchrun_command
+
+        result_dir = self.work_dir / f"segment-{index}"
+        spec = {**self.spec, "resume_from": resume_from, "result_dir": str(result_dir),
+                "store": {"uploader": "trainwise.object_store:local_checkpoint_uploader",
+                          "root": str(self.store_root), "key_prefix": self.key_prefix}}
+        spec_path = self.work_dir / f"segment-{index}.json"
+        spec_path.write_text(json.dumps(spec))
+        seen = [self._steps_seen(rank) for rank in range(self.nproc)]
+        repo = Path(__file__).resolve().parents[1]
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(repo),
+                                                           os.environ.get("PYTHONPATH")]))}
+        log = self.work_dir / f"segment-{index}.log"
+        self._pids = {}
+        began = time.monotonic()
+        with log.open("w") as stderr:
+            process = subprocess.Popen(
+                torchrun_command(spec_path, self.nproc, _free_port(), sys.executable),
+                cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=stderr,
+                start_new_session=True)
+            try:
+                while process.poll() is None:
+                    if time.monotonic() - began > self.timeout_s:
+                        raise TimeoutError(f"segment {index} ran over {self.timeout_s:.0f} s; "
+                                           f"see {log}")
+                    if len(self._pids) < self.nproc:
+                        self._started(result_dir, seen)
+                    else:
+                        self.session.check()
+                    time.sleep(self.poll_s)
+            finally:
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+        results = []
+        for rank in range(self.nproc):
+            path = result_dir / f"rank{rank}.json"
+            results.append(json.loads(path.read_text()) if path.exists() else
+                           {"error": f"rank {rank} left no result; see {log}"})
+        self.segments.append({"index": index, "resume_from": resume_from,
+                              "returncode": process.returncode,
+                              "status": [r.get("status") for r in results],
+                              "steps": [r.get("steps") for r in results],
+                              "wall_s": time.monotonic() - began})
+        return results
+
+    def _started(self, result_dir: Path, seen: list[int]) -> None:
+        """Every rank has its pid file and a step beyond the segment's start: the gang trains,
+        so the provider's clock runs (and a notice finds every rank's handler installed)."""
+        pids = {}
+        for rank in range(self.nproc):
+            pid_file = result_dir / f"rank{rank}.pid"
+            if not pid_file.exists() or self._steps_seen(rank) <= seen[rank]:
+                return
+            pids[rank] = int(pid_file.read_text())
+        self._pids = pids
+        self.session.resume_clock()
+
+    def _steps_seen(self, rank: int) -> int:
+        run_id = self.spec["config"].get("run_id") or ""
+        folder = Path(self.spec["out_dir"]) / "telemetry" / run_id / f"rank{rank}"
+        return sum(p.read_text(errors="replace").count('"type":"step"')
+                   for p in folder.glob("*.jsonl")) if folder.is_dir() else 0
+
+    def _tell(self, nodes: list[NodeHandle], reason: str) -> dict[str, Any]:
+        """SIGTERM to the noticed nodes' ranks (the whole gang's stop: rank 0; one is enough,
+        the ranks exchange it)."""
+        ranks = [self.session.nodes.index(n) for n in nodes] or [0]
+        told = []
+        for rank in ranks:
+            try:
+                os.kill(self._pids[rank], signal.SIGTERM)
+                told.append(rank)
+            except (KeyError, ProcessLookupError):
+                pass  # not started or already gone: the segment's end says what happened
+        return {"what": f"SIGTERM to rank(s) {told} of the gang",
+                "ranks": told, "pids": [self._pids[r] for r in told]}
+
+    def _restore(self, rank0: dict[str, Any]) -> str:
+        """The gang's disks after a node was lost: emptied, then the store's newest committed
+        checkpoint restored. When the stopped gang's last checkpoint did not reach the store,
+        the local copy is kept (trained work is never dropped) and the note says so."""
+        import shutil
+
+        from trainwise.emulated import restore_from_store
+        from trainwise.object_store import LocalObjectStore
+
+        folder = Path(self.spec["out_dir"]) / "checkpoints"
+        stopped = int(rank0.get("steps") or 0)
+        name = Path(str(rank0.get("checkpoint_path") or "")).name
+        uploaded = [u for u in rank0.get("uploads", {}).get("uploaded", [])
+                    if name and str(u).rstrip("/").endswith("/" + name)]
+        if not uploaded:
+            self.session.note("restore", f"the checkpoint of step {stopped} did not reach the "
+                              f"store ({rank0.get('uploads')}); the gang resumes from the local "
+                              f"copy in {folder}", step=stopped, source="local")
+            return str(folder)
+        shutil.rmtree(folder, ignore_errors=True)  # the lost node's (and the gang's) disk
+        point = restore_from_store(LocalObjectStore(Path(self.store_root)), self.key_prefix,
+                                   folder)
+        if point is None:
+            raise RuntimeError(f"the store at {self.store_root} lost the committed checkpoint "
+                               f"{uploaded[0]} of step {stopped}")
+        self.session.note("restore", f"step {point.step} restored from the object store "
+                          f"({point.source}) for the replacement gang", step=point.step,
+                          source=point.source, path=str(point.path))
+        return str(folder)
+
+    @staticmethod
+    def _errors(results: list[dict[str, Any]]) -> str:
+        return "; ".join(f"rank {r}: {row['error']}" for r, row in enumerate(results)
+                         if "error" in row) or "no error recorded"
+
+
 class _GangFastPolicy:
     """The run's fast policy, unchanged, with the session's provider check at each fast tick."""
 
@@ -474,5 +747,6 @@ class _GangFastPolicy:
         return getattr(self.inner, name)
 
 
-__all__ = ["ALLOCATION_FILE", "Allocation", "GANG_FILE", "GangSession", "allocation_from_action",
-           "provider_for_run", "read_allocation", "read_gang", "write_allocation"]
+__all__ = ["ALLOCATION_FILE", "Allocation", "GANG_FILE", "GangSession", "TorchrunGang",
+           "allocation_from_action", "provider_for_run", "read_allocation", "read_gang",
+           "write_allocation"]

@@ -419,6 +419,12 @@ class CheckpointUploader:
                           f" {type(last).__name__}: {last}; {SETTINGS_HINT}")
 
 
+def local_checkpoint_uploader(root: str, key_prefix: str) -> CheckpointUploader:
+    """Rank 0's uploader in a torchrun gang (`training.ddp_worker` spec "store"): a local folder
+    standing for the object store."""
+    return CheckpointUploader(LocalObjectStore(Path(root)), key_prefix)
+
+
 # -- reading back -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CommittedCheckpoint:
