@@ -38,8 +38,10 @@ rollback_job = dg.define_asset_job(
 
 # The same shape for a learned policy: the proposal asset's blocking check verifies the restored
 # file and its promotion record, then moves the registry alias and champion.npz (rl.gate).
+# The job's name differs from its asset's: Dagster refuses a job and an asset of the same name
+# when the code location loads (the definitions object itself builds fine).
 policy_rollback_job = dg.define_asset_job(
-    "policy_rollback",
+    "champion_rollback",
     selection=dg.AssetSelection.assets("policy_rollback"),
     description="Make a stored slow or fast policy version the region's champion again (run "
                 "config: ops.policy_rollback.config.kind, restore_version, reason, requested_by), "

@@ -79,7 +79,7 @@ def _retrained(kind: str, version: int, cheaper: bool) -> None:
 
 
 def _rollback(kind: str, **config):
-    return DEFS.resolve_job_def("policy_rollback").execute_in_process(
+    return DEFS.resolve_job_def("champion_rollback").execute_in_process(
         partition_key=REGION, raise_on_error=False,
         run_config={"ops": {"policy_rollback": {"config": {"kind": kind, **config}}}})
 
