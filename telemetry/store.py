@@ -25,6 +25,9 @@ incremental and idempotent even when files arrive out of order.
 Re-ingestion. A sealed segment whose lines the store already holds (same key, same count) is
 checked against its marker and not parsed again (`_segment_lines`): re-ingesting a run costs
 reading and hashing its files, not parsing them (benchmarks/ingestion.py measures both).
+A first ingestion parses and validates every line with the standard library's C decoder (one
+decoder for all lines) and checks the stored texts with one encoding per segment
+(`canonical_payloads`); those two C calls are most of its time, the DuckDB insert the rest.
 
 Locks. DuckDB admits one read-write process per file (and dbt needs that lock), so connections
 are short-lived, the query helpers open the file `read_only=True`, and both wait on a held lock
@@ -48,7 +51,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from telemetry.reader import Segment, _sealed_body, list_segments, parse_line
+from telemetry.reader import Segment, list_segments, parse_line, parse_text, sealed_body
 
 TABLE = "telemetry_events"
 REPLAYABLE_EVENT_TYPES = ("step", "eval")  # repeated work when a resume replays steps
@@ -101,9 +104,27 @@ class TelemetryStoreBusyError(TimeoutError):
     """Another process held the DuckDB file's lock for longer than the timeout."""
 
 
+# `json.dumps(record, separators=(",", ":"))` with one encoder instead of one per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 def canonical_payload(record: dict[str, Any]) -> str:
     """The stored text of a record (and the input of `segment_key`)."""
-    return json.dumps(record, separators=(",", ":"))
+    return _ENCODER.encode(record)
+
+
+def canonical_payloads(records: list[dict[str, Any]], texts: list[str] | None) -> list[str]:
+    """`canonical_payload` of each record, given the line texts they were parsed from (or None).
+
+    The writer writes the canonical text, so one encoding of the whole list usually equals the
+    lines joined, and then each line is its record's canonical text (a line is a complete JSON
+    object: were line i longer or shorter than its record's text, one of the two would be an
+    object followed by a comma, which `parse_text` refuses and `json.dumps` never writes). One
+    C call and one comparison instead of one encoder per line; any other line is re-encoded.
+    """
+    if texts is not None and _ENCODER.encode(records) == f"[{','.join(texts)}]":
+        return texts
+    return [_ENCODER.encode(record) for record in records]
 
 
 def segment_key(first_record: dict[str, Any]) -> str:
@@ -209,26 +230,35 @@ def _stored_lines(run_id: str, db_path: Path, lock_timeout_s: float) -> StoredLi
 
 def _segment_lines(
     segment: Segment, stored: StoredLines
-) -> tuple[str | None, list[tuple[int, dict[str, Any]]]]:
-    """(segment_key, lines still to store) of one segment; key None for an empty segment.
+) -> tuple[str | None, list[dict[str, Any]], list[str] | None]:
+    """(segment_key, records still to store, their line texts) of one segment.
 
+    Key None for an empty segment; texts None where the body is not UTF-8 (each line is then
+    decoded alone, so the first bad line is refused by number, as `parse_line` does).
     Re-ingestion (the `telemetry` asset ingests a partition's runs at every materialization):
     a sealed segment whose every line is stored already is checked against its marker (bytes,
     lines, sha256) and its first line parsed for its key, and the other lines are not parsed
     again; they are what the store holds (their key and count match, and a sealed segment never
-    changes). Lines as `telemetry.reader.read_segment_lines` gives them, and the same errors.
+    changes). Records as `telemetry.reader.read_segment_lines` gives them, and the same errors.
     """
     data = segment.path.read_bytes()
-    body = _sealed_body(segment, data) if segment.complete else data[: data.rfind(b"\n") + 1]
+    body = sealed_body(segment, data) if segment.complete else data[: data.rfind(b"\n") + 1]
     if not body:
-        return None, []
+        return None, [], None
     raw_lines = body[:-1].split(b"\n")
     first = parse_line(segment, 0, raw_lines[0])
     key = segment_key(first)
     if segment.complete and stored.get((segment.rank, segment.index, key)) == len(raw_lines):
-        return key, []
-    return key, [(0, first), *((line_no, parse_line(segment, line_no, raw))
-                              for line_no, raw in enumerate(raw_lines[1:], start=1))]
+        return key, [], None
+    try:  # one decode for the body; "\n" is one byte in UTF-8 and never inside a character
+        texts: list[str] | None = body[:-1].decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        texts = None
+    if texts is None:
+        rest = [parse_line(segment, line_no, raw) for line_no, raw in enumerate(raw_lines[1:], 1)]
+    else:
+        rest = [parse_text(segment, line_no, text) for line_no, text in enumerate(texts[1:], 1)]
+    return key, [first, *rest], texts
 
 
 def _rows(run_dir: Path, stored: StoredLines | None = None) -> pa.Table:
@@ -236,27 +266,34 @@ def _rows(run_dir: Path, stored: StoredLines | None = None) -> pa.Table:
     columns: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
     instance_of_rank: dict[int, str] = {}
     for segment in list_segments(run_dir):
-        key, lines = _segment_lines(segment, stored or {})
+        key, records, texts = _segment_lines(segment, stored or {})
         if key is None:
             continue
         instance = instance_of_rank.setdefault(segment.rank, key)
-        for line_no, record in lines:
+        if not records:
+            continue
+        wall_times_s = []
+        for line_no, record in enumerate(records):
             if record["run_id"] != run_id:
                 raise ValueError(
                     f"{segment.path} line {line_no + 1} belongs to run {record['run_id']!r}, not "
                     f"{run_id!r}; move the file to its own run folder"
                 )
-            columns["run_id"].append(run_id)
-            columns["run_instance"].append(instance)
-            columns["rank"].append(segment.rank)
-            columns["segment"].append(segment.index)
-            columns["segment_key"].append(key)
-            columns["line_no"].append(line_no)
-            columns["event_type"].append(record["type"])
-            columns["step"].append(record["step"])
             wall_time_s = record.get("wall_time_s")
-            columns["wall_time_s"].append(None if wall_time_s is None else float(wall_time_s))
-            columns["payload"].append(canonical_payload(record))
+            wall_times_s.append(None if wall_time_s is None else float(wall_time_s))
+        # Lines of a segment that are stored already are all its lines (see `_segment_lines`),
+        # so the lines to store are 0..n-1: columns built a segment at a time.
+        count = len(records)
+        columns["run_id"].extend([run_id] * count)
+        columns["run_instance"].extend([instance] * count)
+        columns["rank"].extend([segment.rank] * count)
+        columns["segment"].extend([segment.index] * count)
+        columns["segment_key"].extend([key] * count)
+        columns["line_no"].extend(range(count))
+        columns["event_type"].extend([record["type"] for record in records])
+        columns["step"].extend([record["step"] for record in records])
+        columns["wall_time_s"].extend(wall_times_s)
+        columns["payload"].extend(canonical_payloads(records, texts))
     return pa.table(columns, schema=_SCHEMA)
 
 

@@ -54,10 +54,10 @@ def _table(db):
 def test_reingestion_skips_parsing_stored_sealed_segments_and_stores_the_same(tmp_path,
                                                                              monkeypatch):
     parsed = []
-    real_parse = store.parse_line
-    monkeypatch.setattr(store, "parse_line",
-                        lambda segment, line_no, raw: parsed.append(segment.index)
-                        or real_parse(segment, line_no, raw))
+    for name in ("parse_line", "parse_text"):  # a line is parsed from bytes or decoded text
+        real = getattr(store, name)
+        monkeypatch.setattr(store, name, lambda segment, line_no, raw, real=real:
+                            parsed.append(segment.index) or real(segment, line_no, raw))
     db = tmp_path / "t.duckdb"
     killed = SegmentWriter(tmp_path, "run-1", events_per_segment=3)
     for step in range(1, 8):  # segments 0 and 1 sealed, segment 2 open with one line

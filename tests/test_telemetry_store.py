@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import duckdb
 import pytest
 
@@ -75,3 +77,42 @@ def test_read_only_queries_do_not_block_another_reader(tmp_path):
     ingest(tmp_path / "run-1", db)
     with duckdb.connect(str(db), read_only=True):
         assert len(run_events(db, "run-1")) == 1
+
+
+def _stored(db):
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute(f"SELECT * FROM {TABLE} ORDER BY ALL").fetchall()
+
+
+def test_lines_stored_as_one_batch_equal_lines_encoded_one_by_one(tmp_path, monkeypatch):
+    """The stored payload is each record's canonical text; a segment whose lines are canonical
+    stores its lines as they are (`canonical_payloads`), others are re-encoded line by line."""
+    import telemetry.store as store
+
+    with SegmentWriter(tmp_path, "run-1", events_per_segment=3) as writer:
+        for step in range(1, 8):
+            writer.write(_step(step))
+    # Hand-written lines (an open segment): spaces, non-ASCII, an escape, 1E2, a duplicate key.
+    (tmp_path / "run-1" / "rank0" / "segment-00003.jsonl").write_bytes((
+        '{"type": "note", "run_id": "run-1", "rank": 0, "step": 8, "text": "caf\u00e9 \\u0041"}\n'
+        '{"type":"note","run_id":"run-1","rank":0,"step":9,"x":1E2,"x":0.10000000000000001}\n'
+    ).encode("utf-8"))
+    batch_db, single_db = tmp_path / "batch.duckdb", tmp_path / "single.duckdb"
+    assert ingest(tmp_path / "run-1", batch_db) == 9
+    monkeypatch.setattr(store, "canonical_payloads", lambda records, texts: [
+        json.dumps(record, separators=(",", ":")) for record in records])  # the old per line
+    assert ingest(tmp_path / "run-1", single_db) == 9
+    assert _stored(batch_db) == _stored(single_db)
+    payloads = [row[-1] for row in _stored(batch_db) if row[6] == "note"]
+    assert '"text":"caf\\u00e9 A"' in payloads[0] and '"x":0.1}' in payloads[1]
+
+
+def test_canonical_payloads_keeps_canonical_lines_and_reencodes_the_others():
+    from telemetry.store import canonical_payload, canonical_payloads
+
+    records = [{"a": 1.5, "b": "x y"}, {"c": [1, {"d": None}]}]
+    texts = [canonical_payload(record) for record in records]
+    assert canonical_payloads(records, texts) is texts
+    spaced = ['{"a": 1.5, "b": "x y"}', texts[1]]
+    assert canonical_payloads(records, spaced) == texts
+    assert canonical_payloads(records, None) == texts
