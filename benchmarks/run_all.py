@@ -16,6 +16,7 @@ SUITES = {
     "time_to_quality": "benchmarks.time_to_quality.__main__",
     "rl": "benchmarks.rl.run",
     "ingestion": "benchmarks.ingestion",
+    "rl_retraining": "benchmarks.rl.retraining",
 }
 
 

@@ -13,8 +13,9 @@ from cloud.traces import default_spot_dir
 
 pytestmark = pytest.mark.skipif(not default_spot_dir().is_dir(), reason="shared spot data missing")
 
-POLICIES = {"on_demand", "managed_spot", "greedy_spot", "skypilot_failover", "uniform_progress",
-            "trainwise_heuristic"}
+REGISTRY_POLICIES = {"on_demand", "managed_spot", "greedy_spot", "skypilot_failover",
+                     "uniform_progress", "trainwise_heuristic"}
+POLICIES = REGISTRY_POLICIES | {"trainwise_learned"}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,8 @@ def test_quick_suite_writes_table_json_and_plot(quick_run):
     assert "synthetic:" not in headlines and "synthetic: 4 x" in synthetic_part
     assert "in_sample" not in markdown and "| uniform_progress |" in markdown
     assert (out / "cost_vs_slack.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert document["timing"]["full_trace_s"].keys() == POLICIES
+    # The learned policy has no whole-trace replay: it needs a held-out fold.
+    assert document["timing"]["full_trace_s"].keys() == REGISTRY_POLICIES
 
 
 @pytest.mark.slow
@@ -85,3 +87,29 @@ def test_oracle_is_at_most_every_policy_in_every_scenario(quick_run):
 def test_unknown_policy_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="unknown policy 'magic'; valid: on_demand"):
         main(["--quick", "--out", str(tmp_path), "--policies", "magic"])
+
+
+@pytest.mark.slow
+def test_learned_row_covers_every_headline_cell_from_a_fold_that_never_saw_it(quick_run):
+    _, out = quick_run
+    document = json.loads((out / "cost.json").read_text())
+    learned = document["learned"]
+    cells = {(r["protocol"], r["setting"], r["kind"], r["collection"], r["instance_type"])
+             for r in document["headline"]}
+    rows = {(r["protocol"], r["setting"], r["kind"], r["collection"], r["instance_type"]): r
+            for r in learned["rows"]}
+    assert rows.keys() == cells
+    folds = {(f["protocol"], f["held_out"]): f for f in learned["folds"]}
+    for row in rows.values():
+        assert row["held_out"]
+        for figure in ("learned_mean_usd", "vs_heuristic", "vs_uniform_progress", "vs_oracle"):
+            cell = row[figure]
+            assert cell["low"] is None or cell["low"] <= cell["value"] <= cell["high"]
+    for (protocol, held_out), fold in folds.items():
+        if protocol == "leave_one_collection_out":
+            assert held_out not in fold["trained_on_collections"]
+        else:
+            assert fold["trained_on_collections"] == [held_out]
+    markdown = (out / "cost.md").read_text()
+    assert "## trainwise_learned, held-out cells only" in markdown
+    assert "### What each learned policy was trained on" in markdown

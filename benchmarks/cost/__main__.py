@@ -6,10 +6,11 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from benchmarks.cost import report
+from benchmarks.cost.learned import LEARNED, QUICK_BUDGET, SUITE_BUDGET, LearnedPolicies
 from benchmarks.cost.protocol import LOCO, LTO, LTO_FIT_SHARE, PROTOCOLS
 from benchmarks.cost.stats import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED
 from benchmarks.cost.suite import (
@@ -37,7 +38,8 @@ before the cut, of that collection only, and only windows starting after it are 
 a window starts knowing each zone's run in progress (state and age), as a monitor would. What is
 NOT refitted per split: trainwise_heuristic's own constants (plan grid, margins, spot shares) were
 chosen in earlier waves by looking at this suite, so its figures are out of sample for the risk
-model, not for its design. No other policy fits anything.
+model, not for its design. trainwise_learned (its own section) is trained once per held-out
+part on what that part's split allows. No other policy fits anything.
 
 Cells: one setting, kind, collection and instance type (one price). `windows`: scenarios (zone x
 start); `independent`: the most windows of the cell that share no hour (zones at the same hours
@@ -89,8 +91,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--policies",
         default=None,
-        help=f"comma-separated policy names (default all: {', '.join(policy_names())})",
+        help=f"comma-separated policy names (default all: "
+             f"{', '.join((*policy_names(), LEARNED))})",
     )
+    parser.add_argument("--learned-timesteps", type=int, default=None,
+                        help=f"PPO steps per {LEARNED} fold after the behaviour clone (default "
+                             f"{SUITE_BUDGET.ppo_timesteps}; quick {QUICK_BUDGET.ppo_timesteps})")
+    parser.add_argument("--learned-dir", type=Path, default=None,
+                        help=f"keep each fold's {LEARNED} policy file here (default: a temp dir)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
 
@@ -108,10 +116,11 @@ def _progress(enabled: bool, label: str) -> Callable[[Iterable], Iterable] | Non
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
-    policies = tuple(args.policies.split(",")) if args.policies else default_policies()
-    unknown = [p for p in policies if p not in policy_names()]
+    valid = (*policy_names(), LEARNED)
+    policies = tuple(args.policies.split(",")) if args.policies else (*default_policies(), LEARNED)
+    unknown = [p for p in policies if p not in valid]
     if unknown:
-        raise SystemExit(f"unknown policy {unknown[0]!r}; valid: {', '.join(policy_names())}")
+        raise SystemExit(f"unknown policy {unknown[0]!r}; valid: {', '.join(valid)}")
     if report.ON_DEMAND not in policies:
         # Every robustness figure compares a window's cost with on-demand's on the same window.
         policies = (report.ON_DEMAND, *policies)
@@ -121,6 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     max_zones = 2 if args.quick else None
     sweep_deadlines = (52.0, 66.0) if args.quick else SWEEP_DEADLINES_H
     show = not args.no_progress
+    # trainwise_learned: one policy per held-out fold, trained on first use (learned.py).
+    learned, factories = None, {}
+    if LEARNED in policies:
+        budget = QUICK_BUDGET if args.quick else SUITE_BUDGET
+        if args.learned_timesteps is not None:
+            budget = replace(budget, ppo_timesteps=args.learned_timesteps)
+        learned = LearnedPolicies(budget, args.learned_dir)
+        factories = {LEARNED: learned.policy}
 
     outcomes = []
     for protocol in PROTOCOLS:
@@ -131,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             scenarios = build_scenarios(setting, rules, windows, max_zones=max_zones,
                                         protocol=protocol)
             outcomes += run_scenarios(scenarios, policies,
-                                      _progress(show, f"{protocol} {setting.name}"))
+                                      _progress(show, f"{protocol} {setting.name}"), factories)
     sweep_outcomes = []
     rules = rules_for(SINGLE_NODE)
     for deadline_h in sweep_deadlines:
@@ -147,9 +164,11 @@ def main(argv: list[str] | None = None) -> int:
             protocol=LOCO,
         )
         sweep_outcomes += run_scenarios(
-            scenarios, policies, _progress(show, f"sweep {deadline_h:g} h")
+            scenarios, policies, _progress(show, f"sweep {deadline_h:g} h"), factories
         )
-    full_trace_s = time_full_trace(policies, repeats=1 if args.quick else 3)
+    # The learned policy needs a fold (a held-out part); a whole-trace replay has none.
+    full_trace_s = time_full_trace(tuple(p for p in policies if p != LEARNED),
+                                   repeats=1 if args.quick else 3)
 
     violations = oracle_violations(outcomes) + oracle_violations(sweep_outcomes)
     payload = {
@@ -178,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         "sweep_folder": SWEEP_FOLDER,
         "sweep": report.sweep_points(sweep_outcomes, policies, SINGLE_NODE.train_h),
         "oracle_violations": violations,
+        "learned": None if learned is None else {
+            **learned.summary(),
+            "rows": report.learned_rows(outcomes, learned.summary()["folds"])},
         "scenarios": report.scenario_records(outcomes),
         "timing": {"suite_wall_s": 0.0, "full_trace_s": full_trace_s},
     }

@@ -24,6 +24,7 @@ from benchmarks.results_io import current_umask
 
 ORACLE = "oracle"
 TRAINWISE = "trainwise_heuristic"
+LEARNED = "trainwise_learned"
 BASELINE = "uniform_progress"
 ON_DEMAND = "on_demand"
 
@@ -125,6 +126,75 @@ def headline_rows(outcomes: list[ScenarioOutcome]) -> list[dict[str, Any]]:
     return rows
 
 
+def learned_goal(setting: str, synthetic: bool) -> str:
+    """Issue 14's goal for the learned policy, out of sample."""
+    if synthetic:
+        return "none (synthetic)"
+    return "/oracle <= 1.02" if setting == "single_node" else "/uniform_progress upper < 1"
+
+
+def learned_rows(outcomes: list[ScenarioOutcome], folds: list[dict[str, Any]]
+                 ) -> list[dict[str, Any]]:
+    """trainwise_learned per headline cell, scored only with the policy of the cell's fold (a
+    policy that never saw the cell's collection, or its later windows): mean cost and ratios of
+    means to trainwise_heuristic, uniform_progress and the oracle on the same windows, with
+    block-bootstrap intervals. Cells where it did not run are left out."""
+    trained = {(f["protocol"], f["held_out"]): f for f in folds}
+    rows = []
+    for (protocol, setting, kind, folder, instance_type), group in _grouped(
+            outcomes, cell_key).items():
+        if any(n not in o.results for o in group for n in (LEARNED, TRAINWISE, BASELINE)):
+            continue
+        source = group[0].scenario.source_folder or folder
+        fold = trained.get((protocol, source))
+        first_start = min(o.scenario.start_tick for o in group)
+        leaked = fold is not None and (
+            (protocol == LOCO and source in fold["trained_on_collections"])
+            or (protocol == LTO and fold["train_tick_span"].get(source, [0, 0])[1] > first_start))
+        if fold is None or leaked:
+            raise ValueError(f"cell {folder}/{instance_type} ({protocol}) has no fold record, or "
+                             "its fold trained on it; the learned row must come from a policy "
+                             "trained without the cell's collection (LOCO) or later windows (LTO)")
+        blocks, independent = window_blocks(group)
+        learned, heuristic = _costs(group, LEARNED), _costs(group, TRAINWISE)
+        up = _costs(group, BASELINE)
+        oracle = np.array([o.oracle_met_usd for o in group])
+        finite = np.isfinite(oracle)
+        met = np.array([o.results[LEARNED]["deadline_met"] for o in group])
+        costlier = None
+        if all(ON_DEMAND in o.results for o in group):
+            costlier = robustness(learned, _costs(group, ON_DEMAND), met)[
+                "costlier_than_on_demand_share"]
+        synthetic = group[0].scenario.setting.synthetic
+        row = {
+            "protocol": protocol, "setting": setting, "kind": kind, "collection": folder,
+            "instance_type": instance_type, "synthetic": synthetic, "held_out": True,
+            "trained_on": fold["trained_on_collections"],
+            "train_tick_span": fold["train_tick_span"],
+            "windows": len(group), "independent_windows": independent,
+            "learned_mean_usd": block_bootstrap(learned, None, blocks).as_dict(),
+            "vs_heuristic": block_bootstrap(learned, heuristic, blocks).as_dict(),
+            "vs_uniform_progress": block_bootstrap(learned, up, blocks).as_dict(),
+            "vs_oracle": block_bootstrap(learned[finite], oracle[finite],
+                                         blocks[finite]).as_dict(),
+            "heuristic_vs_oracle": float(heuristic[finite].sum() / oracle[finite].sum()),
+            "deadline_misses": int((~met).sum()),
+            "costlier_than_on_demand_share": costlier,
+            "goal": learned_goal(setting, synthetic),
+        }
+        if synthetic:
+            row["goal_met"] = None
+        elif setting == "single_node":
+            row["goal_met"] = bool(row["deadline_misses"] == 0
+                                   and row["vs_oracle"]["value"] <= 1.02)
+        else:
+            vs_up = row["vs_uniform_progress"]
+            upper = vs_up["high"] if vs_up["high"] is not None else vs_up["value"]
+            row["goal_met"] = bool(row["deadline_misses"] == 0 and upper < 1.0)
+        rows.append(row)
+    return rows
+
+
 def policy_rows(outcomes: list[ScenarioOutcome], policies: tuple[str, ...]
                 ) -> list[dict[str, Any]]:
     """Per protocol, setting, kind and policy: mean of per-window cost / oracle (scale-free, so
@@ -138,6 +208,8 @@ def policy_rows(outcomes: list[ScenarioOutcome], policies: tuple[str, ...]
         finite = np.isfinite(oracle)
         has_on_demand = all(ON_DEMAND in o.results for o in group)
         for name in policies:
+            if any(name not in o.results for o in group):
+                continue  # a policy not run on these cells (e.g. no held-out fold for them)
             costs = _costs(group, name)
             met = np.array([o.results[name]["deadline_met"] for o in group])
             row = {
@@ -185,6 +257,54 @@ def headline_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _trained_on(row: dict[str, Any]) -> str:
+    if row["protocol"] == LTO:
+        (collection, (_, end)), = row["train_tick_span"].items()
+        return f"{collection} ticks < {end}"
+    return ", ".join(row["trained_on"])
+
+
+def learned_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| setting | kind | collection | type | windows | independent | trained on | "
+        "learned USD [95%] | / heuristic [95%] | / uniform_progress [95%] | / oracle [95%] | "
+        "heuristic / oracle | misses | costlier than on-demand | goal (issue 14) | met |",
+        "|---|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in rows:
+        met = "-" if r["goal_met"] is None else ("yes" if r["goal_met"] else "no")
+        lines.append(
+            f"| {r['setting']} | {r['kind']} | {r['collection']} | {r['instance_type']} | "
+            f"{r['windows']} | {r['independent_windows']} | {_trained_on(r)} | "
+            f"{_ci(r['learned_mean_usd'], 2)} | {_ci(r['vs_heuristic'])} | "
+            f"{_ci(r['vs_uniform_progress'])} | {_ci(r['vs_oracle'])} | "
+            f"{r['heuristic_vs_oracle']:.3f} | {r['deadline_misses']} | "
+            f"{_pct(r['costlier_than_on_demand_share'])} | {r['goal']} | {met} |")
+    return "\n".join(lines)
+
+
+def fold_table(folds: list[dict[str, Any]]) -> str:
+    lines = ["| protocol | held out | trained on (windows, tick span) | training cells | "
+             "clone agreement | PPO steps | train s | policy file |",
+             "|---|---|---|---:|---:|---:|---:|---|"]
+    for f in folds:
+        on = "; ".join(f"{k}: {f['train_windows'][k]} [{a}, {b})"
+                       for k, (a, b) in f["train_tick_span"].items())
+        lines.append(f"| {f['protocol']} | {f['held_out']} | {on} | {f['train_cells']} | "
+                     f"{f['bc_agreement']:.3f} | {f['ppo_timesteps']:,} | "
+                     f"{f['train_seconds']:.0f} | {f['policy_file']} |")
+    return "\n".join(lines)
+
+
+LEARNED_NOTE = """One learned slow policy per fold (`benchmarks/cost/learned.py`), each scoring
+only the cells it never saw: leave-one-collection-out, a policy trained on the single-node windows
+of the OTHER single-node collections (risk models inside its environment fitted without the
+held-out one too); leave-time-out, a policy trained on the collection's windows that end before
+the cut its scored windows start after. Behaviour clone of trainwise_heuristic, then PPO with a
+small fixed budget (below); the policy scored is its pickle-free npz file read back. Ratios are of
+mean costs on the same windows, with the block bootstrap of the headline."""
+
+
 def policy_table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| policy | windows | independent | cost / oracle, mean of ratios [95%] | spot share | "
@@ -227,12 +347,30 @@ def render_markdown(payload: dict[str, Any], policies: tuple[str, ...]) -> str:
                 if mine:
                     parts += ["", f"### Every policy, {protocol}: {titles[setting['name']]} - "
                               f"{kind.replace('_', '-')}", "", policy_table(mine)]
+    learned = payload.get("learned")
+    if learned and learned.get("rows"):
+        budget = learned["budget"]
+        parts += ["", "## trainwise_learned, held-out cells only (issue 14)", "", LEARNED_NOTE,
+                  "", f"Budget per fold: behaviour clone on {budget['bc_states']:,} heuristic "
+                  f"states, then {budget['ppo_timesteps']:,} PPO steps ({budget['n_envs']} "
+                  f"environments), seed {budget['seed']}."]
+        for protocol in (LOCO, LTO):
+            real = [r for r in learned["rows"] if r["protocol"] == protocol and not r["synthetic"]]
+            if real:
+                parts += ["", f"### trainwise_learned, {PROTOCOL_TITLES[protocol]}", "",
+                          learned_table(real)]
+        parts += ["", "### What each learned policy was trained on", "",
+                  fold_table(learned["folds"])]
     synthetic = [r for r in heads if r["synthetic"]]
     if synthetic:
         parts += ["", "## SYNTHETIC market (not a headline, never pooled with a real one)", "",
                   "Built from shifted copies of the 4-node trace; leave-one-collection-out only "
                   "(a time split of a shifted-copy market would leak).", "",
                   headline_table(synthetic)]
+        synthetic_learned = [r for r in (learned or {}).get("rows", []) if r["synthetic"]]
+        if synthetic_learned:
+            parts += ["", "trainwise_learned on the SYNTHETIC market (held out):", "",
+                      learned_table(synthetic_learned)]
         for r in synthetic:
             mine = [p for p in prows if (p["protocol"], p["setting"], p["kind"])
                     == (r["protocol"], r["setting"], r["kind"])]

@@ -397,8 +397,11 @@ def run_scenarios(
     scenarios: list[Scenario],
     policies: tuple[str, ...],
     progress: Callable[[Iterable], Iterable] | None = None,
+    factories: dict[str, Callable[[Scenario], Any]] | None = None,
 ) -> list[ScenarioOutcome]:
-    """Run every policy and the oracle (once per oracle key) on every scenario."""
+    """Run every policy and the oracle (once per oracle key) on every scenario. `factories`:
+    policies built per scenario outside the registry (name -> scenario -> policy), e.g. the
+    learned policy of the scenario's held-out fold (`learned.py`)."""
     oracle_cache: dict[tuple, tuple[float, float]] = {}
     fault_trace = None
     outcomes: list[ScenarioOutcome] = []
@@ -414,8 +417,9 @@ def run_scenarios(
             if scenario.setting.faults:
                 fault_trace = fault_trace or load_fault_trace()
                 sampler = FaultSampler(fault_trace, seed=scenario.seed)
+            build = (factories or {}).get(name)
             result = simulate(
-                policy_for(name, scenario),
+                build(scenario) if build else policy_for(name, scenario),
                 scenario.job,
                 scenario.rules,
                 scenario.market,
