@@ -88,9 +88,11 @@ def preemption_risk(reclaims: int, observed_s: float, spot_nodes: int,
 
 
 def observe(events: list[dict[str, Any]], request: dict[str, Any],
-            data: DataSummary, gang_record: dict[str, Any] | None = None) -> SlowObservation:
+            data: DataSummary, gang_record: dict[str, Any] | None = None,
+            market: Any = None) -> SlowObservation:
     """The slow observation of a run from its telemetry records and the nodes its provider
-    holds for it (`gang.json`; without it: one on-demand node)."""
+    holds for it (`gang.json`; without it: one on-demand node). `market`: the allocation
+    policy's view (`trainwise.market_view`), None to keep the nodes."""
     steps = [e for e in events if e["type"] == "step"]
     evals = [e for e in events if e["type"] == "eval" and e.get("eval_loss") is not None]
     saves = [e["save_ms"] / 1000.0 for e in events if e["type"] == "checkpoint"]
@@ -122,6 +124,7 @@ def observe(events: list[dict[str, Any]], request: dict[str, Any],
                                else math.nan,
                                preemption_risk=preemption_risk(preemptions, elapsed_s,
                                                                spot_nodes)),
+        market=market,
     )
 
 
@@ -157,16 +160,20 @@ def decide(state_dir: Path, partition: str,
     table = scoring.read_scores(scores_dir)
     current = curriculum_lib.load_curriculum(state_dir / "curricula" / partition)
     from trainwise.gang import read_gang
+    from trainwise.market_view import market_view
 
-    observation = observe(events, request, data_summary(np.asarray(table.loss)),
-                          read_gang(state_dir / "runs" / run_id))
+    gang_record = read_gang(state_dir / "runs" / run_id)
+    # The provider's market at the run's trace clock, or None and why (then nodes are kept).
+    view = market_view(events, request, gang_record)
+    observation = observe(events, request, data_summary(np.asarray(table.loss)), gang_record,
+                          market=view.observation)
     in_charge = ""
     if policy is None:
         policy, in_charge = slow_policy_for(str(request.get("region") or "us-west-2"))
     action = policy.act(observation)
     if in_charge:
-        kept = " (no market view this tick: nodes kept)" if (
-            action.allocation is None and observation.market is None) else ""
+        kept = f" (no market view this tick: nodes kept; {view.reason})" if (
+            observation.market is None) else f" (market view: {view.reason})"
         action = replace(action, reason=f"{action.reason}; allocation policy: {in_charge}{kept}")
     return SlowTick(partition, run_id, action, current_pruning_rate=current.pruning_rate,
                     preemption_risk=observation.cluster.preemption_risk)
