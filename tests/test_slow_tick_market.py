@@ -222,3 +222,24 @@ def test_the_view_reads_the_gang_json_a_real_provider_session_writes():
     assert (obs.zone, obs.spot_nodes, obs.node_count) == ("us-west-2a", 1, 1)
     assert obs.time_s == pytest.approx(record["history"][-1]["provider_time_s"])
     assert obs.since_launch_s == pytest.approx(obs.time_s - launch["provider_time_s"])
+    assert record["replay"] == {"trace_folder": gang.DEFAULT_TRACE_FOLDER, "window_start_tick": 0,
+                                "seconds_per_tick": gang.DEFAULT_SECONDS_PER_TICK}
+
+
+@needs_spot_data
+def test_the_view_replays_the_window_the_run_recorded():
+    """A run whose provider replays a later window of the trace (gang.json "replay") is seen at
+    that window, not at the provider's default one."""
+    run_dir = _state("r-window")
+    _gang_json(run_dir, provider_s=10 * TICK_S)
+    record = json.loads((run_dir / "gang.json").read_text())
+    default = _view(run_dir).observation
+    record["replay"] = {"trace_folder": gang.DEFAULT_TRACE_FOLDER, "window_start_tick": 43,
+                        "seconds_per_tick": gang.DEFAULT_SECONDS_PER_TICK}
+    (run_dir / "gang.json").write_text(json.dumps(record))
+    shifted = _view(run_dir).observation
+    assert default is not None and shifted is not None
+    # Tick 10 of the default window (all three zones up) against tick 53 of the trace.
+    assert default.spot_available_by_zone == (1, 1, 1)
+    assert shifted.spot_available_by_zone == (0, 1, 0)
+    assert shifted.trace_time_s == pytest.approx(default.trace_time_s + 43 * TICK_S)

@@ -167,6 +167,18 @@ def provider_for_run(instance_type: str, region: str, name: str | None = None,
     return EmulatedProvider(list(markets), clock, replay.default_rules())
 
 
+def replay_record(provider: ComputeProvider) -> dict[str, Any] | None:
+    """Which trace window an emulated provider replays and how fast (gang.json's "replay"), so
+    that the slow tick reads the same market as the run (`trainwise.market_view`); None for a
+    provider that replays nothing (aws)."""
+    markets, clock = getattr(provider, "markets", None), getattr(provider, "clock", None)
+    if not markets or clock is None:
+        return None
+    return {"trace_folder": Path(markets[0].source).parent.name,
+            "window_start_tick": int(markets[0].window_start_tick),
+            "seconds_per_tick": float(clock.seconds_per_tick)}
+
+
 @functools.lru_cache(maxsize=8)
 def _trace_markets(folder: str, start_tick: int, data_dir: str) -> tuple[Any, ...]:
     """Every zone of a trace folder as a replayed market (read once per process: immutable)."""
@@ -503,7 +515,7 @@ class GangSession:
             "preemption_waste_node_s": waste_s, "provider_now_s": self.provider.now_s(),
             "fallbacks": self.fallbacks, "failure": self.failure,
             "launched": [asdict(n) for n in self.provider.nodes()],
-            "history": self.history,
+            "history": self.history, "replay": replay_record(self.provider),
         }
 
     def _write_record(self, record: dict[str, Any]) -> None:

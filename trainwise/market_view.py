@@ -51,12 +51,14 @@ def wall_now_s() -> float:
     return time.time()
 
 
-def emulated_markets(instance_type: str, region: str) -> tuple[tuple[Any, ...], float]:
+def emulated_markets(instance_type: str, region: str, replay: dict[str, Any] | None = None
+                     ) -> tuple[tuple[Any, ...], float]:
     """The markets the run's emulated provider replays and its speed (provider seconds per wall
-    second), built as the run built them (`trainwise.gang.provider_for_run`)."""
+    second), built as the run built them (`trainwise.gang.provider_for_run`): the trace window
+    gang.json records under "replay", else the provider's defaults (what runs.py uses)."""
     from trainwise import gang
 
-    provider = gang.provider_for_run(instance_type, region, name=EMULATED)
+    provider = gang.provider_for_run(instance_type, region, name=EMULATED, **(replay or {}))
     return tuple(provider.markets), float(provider.clock.emulated_per_wall_s)
 
 
@@ -92,7 +94,9 @@ def market_view(events: list[dict[str, Any]], request: dict[str, Any],
     region = region_of_zone(held_zone) if held_zone else str(request.get("region") or "us-west-2")
     instance_type = str(gang_record.get("instance_type") or request.get("instance_type") or "")
     try:
-        markets, speed = emulated_markets(instance_type, region)
+        replay_args = gang_record.get("replay")
+        markets, speed = (emulated_markets(instance_type, region, replay_args) if replay_args
+                          else emulated_markets(instance_type, region))
     except (OSError, ValueError) as error:
         return MarketView(None, f"the emulated trace could not be read ({error})")
     markets = tuple(m for m in markets if m.region == region)
