@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import ipaddress
+import json
 import os
 import signal
 import subprocess
@@ -75,10 +76,14 @@ def _die_with_parent() -> None:
 
 def start(host: str, port: int, env: dict[str, str] | None = None,
           log_dir: Path | None = None, timeout_s: float = 180.0) -> list[subprocess.Popen]:
-    """Start dagster-webserver, wait until it answers, then dagster-daemon; returns both.
+    """Start dagster-webserver, wait until it answers, then dagster-daemon, then wait until the
+    webserver has loaded the code locations; returns both.
 
     In sequence, because on a fresh DAGSTER_HOME both would create the sqlite storage at once
-    and one dies on "table alembic_version already exists".
+    and one dies on "table alembic_version already exists". The webserver answers a minute
+    before it has loaded the code (on a loaded machine): a page opened then shows no jobs, so
+    the UI is ready only once the location is (a location that fails to load is an error here,
+    with Dagster's message, not an empty UI).
     """
     workspace = str(PROJECT_ROOT / "workspace.yaml")
     full_env = {**os.environ, **(env or {})}
@@ -104,10 +109,54 @@ def start(host: str, port: int, env: dict[str, str] | None = None,
                 ))
             if name == "webserver":
                 wait_until_up(f"http://{_url_host(host)}:{port}", timeout_s, processes)
+        wait_for_code_locations(f"http://{_url_host(host)}:{port}", timeout_s, processes)
     except BaseException:
         stop(processes)
         raise
     return processes
+
+
+_WORKSPACE_QUERY = """
+{ workspaceOrError { __typename ... on Workspace { locationEntries { name loadStatus
+    locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
+
+
+def _location_entries(url: str) -> list[dict]:
+    body = json.dumps({"query": _WORKSPACE_QUERY}).encode()
+    request = urllib.request.Request(f"{url}/graphql", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        payload = json.loads(response.read())
+    workspace = (payload.get("data") or {}).get("workspaceOrError") or {}
+    return workspace.get("locationEntries") or []
+
+
+def wait_for_code_locations(url: str, timeout_s: float = 180.0,
+                            processes: list[subprocess.Popen] | None = None) -> None:
+    """Until every code location of the webserver at `url` is LOADED; a location that loaded
+    with an error raises RuntimeError with Dagster's message."""
+    deadline = time.monotonic() + timeout_s
+    entries: list[dict] = []
+    while time.monotonic() < deadline:
+        for process in processes or []:
+            if process.poll() is not None:
+                raise RuntimeError(f"{process.args[0]} exited with {process.returncode}")
+        try:
+            entries = _location_entries(url)
+        except OSError:  # busy: the webserver answers GraphQL once it has a moment
+            entries = []
+        loaded = [e for e in entries if e.get("loadStatus") == "LOADED"]
+        if entries and len(loaded) == len(entries):
+            failed = [e for e in loaded
+                      if (e.get("locationOrLoadError") or {}).get("__typename") == "PythonError"]
+            if failed:
+                raise RuntimeError("code location " + "; ".join(
+                    f"{e['name']} failed to load: {e['locationOrLoadError'].get('message')}"
+                    for e in failed) + " (the webserver log has the traceback)")
+            return
+        time.sleep(1)
+    raise TimeoutError(f"Dagster webserver at {url} did not load its code locations within "
+                       f"{timeout_s:.0f} s: {entries}")
 
 
 def _url_host(host: str) -> str:

@@ -28,9 +28,6 @@ ARTIFACTS = Path(os.environ.get("TRAINWISE_TEST_ARTIFACTS")
 FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
 STATUS = """
 query Status($runId: ID!) { runOrError(runId: $runId) { __typename ... on Run { status } } }"""
-WORKSPACE = """
-{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus
-    locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
 # Page loads and clicks on a loaded 2-core machine take seconds, not the default 30 s budget
 # of Playwright's waits (a webserver query can queue behind a run's imports).
 UI_TIMEOUT_MS = 120_000
@@ -72,31 +69,10 @@ def start_ui(root: Path, extra_env: dict[str, str]) -> tuple[str, list, dict[str
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "TRAINWISE_TORCH_THREADS": "1", **extra_env}
     port = servers.free_port()
-    processes = ui.start("127.0.0.1", port, env=env, log_dir=root, timeout_s=240)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_code_location(url, timeout_s=300)
-    except BaseException:
-        ui.stop(processes)
-        raise
-    return url, processes, env
-
-
-def wait_for_code_location(url: str, timeout_s: float) -> None:
-    """The webserver answers before it has loaded the code location (a minute on a loaded
-    machine); a page opened before then shows an empty asset graph and no jobs."""
-    deadline = time.monotonic() + timeout_s
-    entry: dict = {}
-    while time.monotonic() < deadline:
-        entries = graphql(url, WORKSPACE)["workspaceOrError"].get("locationEntries", [])
-        entry = next((e for e in entries if e["name"] == LOCATION), {})
-        if entry.get("loadStatus") == "LOADED":
-            loaded = entry["locationOrLoadError"]
-            assert loaded["__typename"] == "RepositoryLocation", (
-                f"code location {LOCATION} failed to load: {loaded.get('message')}")
-            return
-        time.sleep(1)
-    raise TimeoutError(f"code location {LOCATION} not loaded in {timeout_s:.0f} s: {entry}")
+    # ui.start returns once the code location is loaded (a page opened before then shows an
+    # empty asset graph and no jobs), as `make ui` prints its banner.
+    processes = ui.start("127.0.0.1", port, env=env, log_dir=root, timeout_s=300)
+    return f"http://127.0.0.1:{port}", processes, env
 
 
 def screenshot(page, name: str) -> Path:
@@ -115,11 +91,7 @@ def launch_from_launchpad(page, url: str, job: str, config_yaml: str,
     editor.wait_for(timeout=UI_TIMEOUT_MS)
     if partition is not None:
         # Before the config: picking a partition reloads the editor with that partition's config.
-        picker = page.get_by_placeholder("Partition")
-        picker.click()
-        picker.fill(partition)
-        page.get_by_role("menuitem", name=partition, exact=True).click()
-        page.wait_for_timeout(1_000)
+        pick_partition(page, partition, shot or job)
     editor.click()
     page.keyboard.press("Control+A")
     page.keyboard.insert_text(config_yaml)  # a paste: no auto-indent of the YAML
@@ -129,6 +101,26 @@ def launch_from_launchpad(page, url: str, job: str, config_yaml: str,
     page.get_by_role("button", name="Launch Run").click()
     page.wait_for_url("**/runs/*", timeout=UI_TIMEOUT_MS)
     return page.url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def pick_partition(page, partition: str, shot: str, tries: int = 3) -> None:
+    """Type the partition into the Launchpad's picker and choose it from the menu. The menu can
+    miss a click made while the page is still rendering on a busy machine: then type again."""
+    picker = page.get_by_placeholder("Partition")
+    item = page.get_by_role("menuitem", name=partition, exact=True)
+    for attempt in range(tries):
+        picker.click()
+        picker.fill("")
+        picker.fill(partition)
+        try:
+            item.click(timeout=20_000 if attempt < tries - 1 else UI_TIMEOUT_MS)
+            break
+        except Exception:  # noqa: BLE001 - Playwright's TimeoutError; the last try raises
+            if attempt == tries - 1:
+                screenshot(page, f"{shot}-partition-picker")
+                raise
+            page.keyboard.press("Escape")
+    page.wait_for_timeout(1_000)
 
 
 def graphql(url: str, query: str, variables: dict | None = None) -> dict:
@@ -163,6 +155,30 @@ def run_page_text(page, expected: str, shot: str) -> str:
         row = page.get_by_text(expected).first
         row.wait_for(timeout=UI_TIMEOUT_MS)
         row.scroll_into_view_if_needed()  # the event log scrolls inside the page
+    finally:
+        screenshot(page, shot)
+    return page.inner_text("body")
+
+
+def start_server(command: list[str], log_path: Path, ready_url: str, timeout_s: float = 120):
+    """A server the browser reads (MLflow, the exporter, Prometheus), in its own process group;
+    stop it with tests.servers.stop."""
+    from tests import servers
+
+    process = servers.start(command, log_path, cwd=ui.PROJECT_ROOT)
+    try:
+        servers.wait_http(ready_url, process, log_path, timeout_s=timeout_s)
+    except BaseException:
+        servers.stop(process)
+        raise
+    return process
+
+
+def page_text_once(page, url: str, expected: str, shot: str) -> str:
+    """Open `url`, wait for `expected` on the page, screenshot either way; the page's text."""
+    page.goto(url)
+    try:
+        page.get_by_text(expected).first.wait_for(timeout=UI_TIMEOUT_MS)
     finally:
         screenshot(page, shot)
     return page.inner_text("body")

@@ -2,25 +2,41 @@
 by Playwright against the Dagster webserver and daemon that `make ui` starts.
 
 One UI for the module, steps in order, as a person does them: see the asset graph; launch
-`demo` for a partition from the Launchpad and see it succeed; propose a schedule change and see
-its blocking gate `schedule_approved` fail (no approval); approve the proposal's hash by
-launching `schedule_approve` (the `approvals` asset) with run config and see the gate pass and
-the change go live; publish a second curriculum and roll back to the first through
-`curriculum_rollback`. Each step leaves a screenshot under test-artifacts/browser/.
+`demo` for a partition from the Launchpad and see it succeed; open that run in the MLflow UI
+(`mlflow server` over the sqlite store the UI's runs wrote) with its eval loss and cost; see its
+cost in Prometheus's own graph page (Debian's `prometheus` scraping `telemetry.prometheus`);
+propose a schedule change and see its blocking gate `schedule_approved` fail (no approval);
+approve the proposal's hash by launching `schedule_approve` (the `approvals` asset) with run
+config and see the gate pass and the change go live; publish a second curriculum and roll back
+to the first through `curriculum_rollback`; with two fast-policy champions staged by hand (no
+PPO), roll the region back to the first through `champion_rollback` and see its gate pass.
+Each step leaves a screenshot under test-artifacts/browser/.
 
-The runs are slow here (a run's process imports the code location: a minute or more on two
-busy cores), so the steps that launch runs are `slow` (make test-all); the asset-graph step
-runs by default. Run configs ask for the in-process executor: the default multiprocess one
+Runs are kept small (4 training steps, the embedded-size forecast) so the module runs in
+`make test`: about 5 minutes on two busy cores, most of it each run's process importing the
+code location. Run configs ask for the in-process executor: the default multiprocess one
 starts a Python process per step, minutes each on a loaded machine.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import re
+import shutil
+import sys
+import time
+import types
+import urllib.parse
+import urllib.request
 
+import numpy as np
 import pytest
+from mlflow.tracking import MlflowClient
 
 from tests import browser_support as bs
+from tests import servers
 from training import curriculum as curriculum_lib
 from trainwise import approvals
 
@@ -36,6 +52,30 @@ UI_ENV = {"TRAINWISE_FORECAST_WORK_GPU_H": "2", "TRAINWISE_FORECAST_DEADLINE_H":
 RUN_TIMEOUT_S = 600
 HASH = re.compile(r"proposal ([0-9a-f]{16}) blocked")
 PUBLISHED_VERSION = re.compile(r"candidate ([0-9a-f]{12}) published")
+REGION = "us-west-2"
+
+
+@contextlib.contextmanager
+def _ui_settings(state):
+    """This process sees the settings the UI's runs see (its TRAINWISE_HOME, MLflow sqlite)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRAINWISE_HOME", str(state))
+        patch.setenv("TRAINWISE_MLFLOW_URI", "")
+        patch.delenv("TRAINWISE_POSTGRES_URL", raising=False)
+        yield
+
+
+def _wait_for_series(port: int, query: str, timeout_s: float = 30.0) -> None:
+    """Until Prometheus has scraped the series (the page runs its query once, on load)."""
+    deadline = time.monotonic() + timeout_s
+    api = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(api, timeout=10) as response:
+            if json.loads(response.read())["data"]["result"]:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"Prometheus has no {query} after {timeout_s:.0f} s: is the run's "
+                       "telemetry under the exporter's --runs-root?")
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +86,32 @@ def browser_ui(tmp_path_factory):
     bs.chromium_path()
     root = tmp_path_factory.mktemp("browser_ui")
     url, processes, env = bs.start_ui(root, UI_ENV)
+    mlflow_server = None
     playwright = sync_api.sync_playwright().start()
     try:
+        # The MLflow UI over the store the UI's runs write, started now so that its slow start
+        # (half a minute of imports) overlaps the first steps. The store is created here first:
+        # the server and the demo run must not both create its tables at once.
+        with _ui_settings(root / "state"):
+            from trainwise import settings
+
+            tracking_uri = settings.mlflow_uri()
+        MlflowClient(tracking_uri=tracking_uri).search_experiments()
+        port = servers.free_port()
+        mlflow_server = servers.start(
+            [str(servers.VENV_BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port",
+             str(port), "--workers", "1", "--backend-store-uri", tracking_uri],
+            root / "mlflow-server.log", cwd=bs.ui.PROJECT_ROOT)
+        seen = {"mlflow": (mlflow_server, f"http://127.0.0.1:{port}", tracking_uri,
+                           root / "mlflow-server.log")}
         browser = bs.launch(playwright)
         page = bs.new_page(browser)
-        yield page, url, root / "state", {}
+        yield page, url, root / "state", seen
         browser.close()
     finally:
         playwright.stop()
+        if mlflow_server is not None:
+            servers.stop(mlflow_server)
         bs.ui.stop(processes)
 
 
@@ -90,7 +148,6 @@ def test_ui_shows_the_asset_graph(browser_ui):
             bs.screenshot(page, f"01-asset-graph-{group}")
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_demo_launched_for_a_partition_from_the_launchpad_succeeds(browser_ui):
     page, url, state, seen = browser_ui
@@ -104,9 +161,78 @@ def test_demo_launched_for_a_partition_from_the_launchpad_succeeds(browser_ui):
     assert found, f"no 'candidate <version> published' on the run page of {run_id}"
     seen["first_curriculum"] = found.group(1)
     assert list((state / "objects" / "checkpoints" / PARTITION / run_id).rglob("*.pt"))
+    seen["demo_run"] = run_id
 
 
-@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_mlflow_ui_shows_the_demo_run_with_its_eval_loss_and_cost(browser_ui):
+    page, _, state, seen = browser_ui
+    run_id = _needs(seen, "demo_run", "demo launched for a partition")
+    server, server_url, tracking_uri, log = seen["mlflow"]
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment = client.get_experiment_by_name("trainwise")
+    assert experiment, f"no 'trainwise' experiment in {tracking_uri} after the demo run"
+    [run] = client.search_runs([experiment.experiment_id],
+                               filter_string=f"tags.dagster_run_id = '{run_id}'")
+    metrics = run.data.metrics
+    assert {"losses/eval", "cost/usd", "final/cost_usd"} <= set(metrics), sorted(metrics)
+    seen["final_cost_usd"] = metrics["final/cost_usd"]
+    servers.wait_http(f"{server_url}/health", server, log, timeout_s=180)
+    text = bs.page_text_once(
+        page, f"{server_url}/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}",
+        "losses/eval", "06-mlflow-demo-run")
+    assert run.info.run_name in text and "Finished" in text
+    for name in ("losses/eval", "cost/usd", "final/cost_usd"):
+        assert name in text, f"metric {name} is not on the MLflow run page"
+    # The metrics table, in view for the screenshot, with the values the run logged.
+    for name in ("losses/eval", "final/cost_usd"):
+        row = page.get_by_role("row", name=name).first  # "<name>\n<value>"
+        row.scroll_into_view_if_needed()
+        shown = row.inner_text().split()
+        assert shown[0] == name and float(shown[-1]) == pytest.approx(metrics[name]), (
+            f"{name} on the MLflow page: {shown}, logged {metrics[name]}")
+    bs.screenshot(page, "06-mlflow-demo-metrics")
+
+
+@pytest.mark.timeout(300)
+def test_prometheus_ui_shows_the_demo_run_cost_scraped_from_the_exporter(browser_ui, tmp_path):
+    page, _, state, seen = browser_ui
+    run_id = _needs(seen, "demo_run", "demo launched for a partition")
+    final_cost_usd = _needs(seen, "final_cost_usd", "MLflow UI shows the demo run")
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("the `prometheus` binary is missing: `apt-get install prometheus` (Debian); "
+                    "`make test` installs it when run as root")
+    exporter_port, prometheus_port = servers.free_port(), servers.free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 500ms, evaluation_interval: 1s}\n"
+        "scrape_configs:\n  - job_name: trainwise\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{exporter_port}']}}]\n")
+    started = []
+    try:
+        started.append(bs.start_server(
+            [sys.executable, "-m", "telemetry.prometheus", "--runs-root", str(state / "runs"),
+             "--port", str(exporter_port)], tmp_path / "exporter.log",
+            f"http://127.0.0.1:{exporter_port}/metrics"))
+        started.append(bs.start_server(
+            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{prometheus_port}"], tmp_path / "prometheus.log",
+            f"http://127.0.0.1:{prometheus_port}/-/ready"))
+        query = f'trainwise_cost_usd{{run_id="{run_id}"}}'
+        _wait_for_series(prometheus_port, query)
+        text = bs.page_text_once(
+            page, f"http://127.0.0.1:{prometheus_port}/graph?"
+                  + urllib.parse.urlencode({"g0.expr": query, "g0.tab": "1"}),
+            f'run_id="{run_id}"', "07-prometheus-demo-cost")
+        row = page.locator("tr", has_text=f'run_id="{run_id}"').first.inner_text()
+    finally:
+        for process in reversed(started):
+            servers.stop(process)
+    assert "trainwise_cost_usd" in text and f'partition="{PARTITION}"' in row
+    assert float(row.split()[-1]) == pytest.approx(final_cost_usd, rel=1e-6), row
+
+
 @pytest.mark.timeout(900)
 def test_unapproved_schedule_change_is_blocked_by_its_gate(browser_ui):
     page, url, state, seen = browser_ui
@@ -122,7 +248,6 @@ def test_unapproved_schedule_change_is_blocked_by_its_gate(browser_ui):
     seen["proposal_hash"] = found.group(1)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_approval_from_the_launchpad_passes_the_gate_and_the_change_goes_live(browser_ui):
     page, url, state, seen = browser_ui
@@ -139,7 +264,6 @@ def test_approval_from_the_launchpad_passes_the_gate_and_the_change_goes_live(br
     assert published["event"] == "published" and published["approval"]["approver"] == "ada"
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_curriculum_rollback_from_the_launchpad_restores_the_previous_version(browser_ui):
     page, url, state, seen = browser_ui
@@ -162,3 +286,63 @@ def test_curriculum_rollback_from_the_launchpad_restores_the_previous_version(br
     assert curriculum_lib.current_version(folder) == first
     record = curriculum_lib.read_history(folder)[-1]
     assert record["event"] == "rollback" and record["requested_by"] == "ada"
+
+
+def _stage_two_fast_champions(state) -> None:
+    """fast v1 promoted, then v2 promoted over it, in the UI's state folder and MLflow registry:
+    what two retrainings leave (v<N>.npz, gate_v<N>.json, registry versions), written by hand as
+    tests/test_policy_rollback.py does (no PPO)."""
+    from assets.policies import _gate
+    from rl import registry
+    from rl.fast_obs import BATCH_CHOICES, FAST_OBS_LAYOUT, NOTICE_CHOICES, SHARE_CHOICES
+    from rl.gate import decide, record_decision
+    from rl.policy_file import PolicyWeights, save_policy
+    from rl.retrain import policy_dir
+
+    nvec = (len(SHARE_CHOICES), len(BATCH_CHOICES), len(NOTICE_CHOICES))
+    with _ui_settings(state):
+        folder = policy_dir("fast", REGION)
+        for version in (1, 2):
+            rng = np.random.default_rng(version)
+            hidden = [(rng.normal(size=(8, len(FAST_OBS_LAYOUT))).astype(np.float32) * 0.01,
+                       np.zeros(8, np.float32))]
+            head = (rng.normal(size=(sum(nvec), 8)).astype(np.float32) * 0.01,
+                    np.zeros(sum(nvec), np.float32))
+            path = folder / f"v{version}.npz"
+            save_policy(PolicyWeights(hidden, head, nvec, FAST_OBS_LAYOUT, "fast", REGION,
+                                      "hand-written", version), path)
+            incumbent = [{"cell": f"c{i}", "cost": 100.0 + i, "missed": False} for i in range(4)]
+            decision = decide([{**row, "cost": row["cost"] * 0.9} for row in incumbent],
+                              incumbent)
+            record_decision(decision, folder / f"gate_v{version}.json", {"candidate": path.name})
+            registry.register_retrained("fast", REGION, {"path": str(path),
+                                                         "decision": decision.to_dict()})
+            assert _gate("fast", types.SimpleNamespace(partition_key=REGION)).passed
+    assert _sha256(folder / "champion.npz") == _sha256(folder / "v2.npz")
+
+
+def _sha256(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.timeout(900)
+def test_policy_rollback_from_the_launchpad_restores_the_previous_champion(browser_ui):
+    page, url, state, _ = browser_ui
+    _stage_two_fast_champions(state)
+    folder = state / "policies" / "fast" / REGION
+    config = (IN_PROCESS + "ops:\n  policy_rollback:\n    config:\n      kind: fast\n"
+              "      restore_version: 1\n      reason: v2 slowed gang jobs\n"
+              "      requested_by: ada\n")
+    run_id = _run(page, url, state, "champion_rollback", config, "SUCCESS", REGION,
+                  shot="08-policy-rollback")
+    text = bs.run_page_text(page, "Check policy_rollback_gate succeeded",
+                            "08-policy-rollback-gate-passes")
+    assert f"partition: {REGION}" in text, f"run {run_id} is not for partition {REGION}"
+    assert "restore_version" in text and "current" in text  # the proposal's metadata
+    assert _sha256(folder / "champion.npz") == _sha256(folder / "v1.npz")
+    with _ui_settings(state):
+        from rl import gate as rl_gate
+
+        record = rl_gate.read_history("fast", REGION)[-1]
+    assert record["event"] == "rollback" and (record["from"], record["to"]) == ("v2", "v1")
+    assert record["requested_by"] == "ada"
