@@ -17,6 +17,7 @@ SUITES = {
     "rl": "benchmarks.rl.run",
     "ingestion": "benchmarks.ingestion",
     "rl_retraining": "benchmarks.rl.retraining",
+    "fidelity": "benchmarks.fidelity",
 }
 
 
