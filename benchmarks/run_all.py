@@ -18,6 +18,7 @@ SUITES = {
     "ingestion": "benchmarks.ingestion",
     "rl_retraining": "benchmarks.rl.retraining",
     "fidelity": "benchmarks.fidelity",
+    "end_to_end": "benchmarks.end_to_end",
 }
 
 

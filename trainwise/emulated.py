@@ -446,7 +446,11 @@ class _Emulation:
                 "result-", "worker-").replace(".json", ".log")
             raise RuntimeError(f"trainer pid {trainer.process.pid} exited with code {code} and no "
                                f"result; see {log}")
-        if result is not None and result["status"] == "completed":
+        # A trainer reclaimed on its last step stops "preempted" with every step done: the work is
+        # finished and no policy relaunches finished work, so it counts as completed (else the
+        # run would wait for a launch until max_wall_s).
+        if result is not None and (result["status"] == "completed"
+                                   or int(result["steps"]) >= self.max_steps):
             if self.pending_launch:
                 # The trainer finished while a relaunch waited for it to exit: never booted.
                 self.pending_launch = False
