@@ -31,7 +31,6 @@ import types
 import urllib.parse
 import urllib.request
 
-import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -294,23 +293,16 @@ def _stage_two_fast_champions(state) -> None:
     tests/test_policy_rollback.py does (no PPO)."""
     from assets.policies import _gate
     from rl import registry
-    from rl.fast_obs import BATCH_CHOICES, FAST_OBS_LAYOUT, NOTICE_CHOICES, SHARE_CHOICES
     from rl.gate import decide, record_decision
-    from rl.policy_file import PolicyWeights, save_policy
+    from rl.policy_file import save_policy
     from rl.retrain import policy_dir
+    from tests.policy_support import tiny_policy
 
-    nvec = (len(SHARE_CHOICES), len(BATCH_CHOICES), len(NOTICE_CHOICES))
     with _ui_settings(state):
         folder = policy_dir("fast", REGION)
         for version in (1, 2):
-            rng = np.random.default_rng(version)
-            hidden = [(rng.normal(size=(8, len(FAST_OBS_LAYOUT))).astype(np.float32) * 0.01,
-                       np.zeros(8, np.float32))]
-            head = (rng.normal(size=(sum(nvec), 8)).astype(np.float32) * 0.01,
-                    np.zeros(sum(nvec), np.float32))
             path = folder / f"v{version}.npz"
-            save_policy(PolicyWeights(hidden, head, nvec, FAST_OBS_LAYOUT, "fast", REGION,
-                                      "hand-written", version), path)
+            save_policy(tiny_policy("fast", version, REGION, "hand-written"), path)
             incumbent = [{"cell": f"c{i}", "cost": 100.0 + i, "missed": False} for i in range(4)]
             decision = decide([{**row, "cost": row["cost"] * 0.9} for row in incumbent],
                               incumbent)

@@ -9,7 +9,6 @@ import shutil
 import types
 
 import dagster as dg
-import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -25,12 +24,11 @@ from controllers.fast_heuristic import HeuristicFastPolicy
 from pipelines.jobs import policy_rollback_job
 from rl import gate as rl_gate
 from rl import registry
-from rl.fast_obs import BATCH_CHOICES, FAST_OBS_LAYOUT, NOTICE_CHOICES, SHARE_CHOICES
 from rl.fast_path import LearnedFastPolicy
 from rl.gate import decide, record_decision
 from rl.policy_file import PolicyWeights, save_policy
 from rl.retrain import policy_dir
-from rl.slow_obs import CHECKPOINT_CHOICES_S, SLOW_CHOICES, SLOW_OBS_LAYOUT
+from tests.policy_support import empty_mlflow_db, tiny_policy, use_registry_copy
 from trainwise import champion, runs
 
 REGION = "us-west-2"
@@ -40,29 +38,16 @@ DEFS = dg.Definitions(assets=[policy_rollback], asset_checks=[policy_rollback_ga
 
 @pytest.fixture(scope="module")
 def _empty_db(tmp_path_factory):
-    """One migrated, empty MLflow database; each test works on a copy (migrations take seconds)."""
-    path = tmp_path_factory.mktemp("mlflow") / "empty.db"
-    MlflowClient(tracking_uri=f"sqlite:///{path}").search_registered_models()
-    return path
+    return empty_mlflow_db(tmp_path_factory.mktemp("mlflow"))
 
 
 @pytest.fixture()
 def uri(_empty_db, tmp_path, monkeypatch):
-    shutil.copyfile(_empty_db, tmp_path / "registry.db")
-    value = f"sqlite:///{tmp_path / 'registry.db'}"
-    monkeypatch.setenv("TRAINWISE_MLFLOW_URI", value)
-    return value
+    return use_registry_copy(_empty_db, tmp_path, monkeypatch)
 
 
 def _weights(kind: str, version: int) -> PolicyWeights:
-    layout = FAST_OBS_LAYOUT if kind == "fast" else SLOW_OBS_LAYOUT
-    nvec = ((len(SHARE_CHOICES), len(BATCH_CHOICES), len(NOTICE_CHOICES)) if kind == "fast"
-            else (len(SLOW_CHOICES), len(CHECKPOINT_CHOICES_S)))
-    rng = np.random.default_rng(version)
-    hidden = [(rng.normal(size=(8, len(layout))).astype(np.float32) * 0.01, np.zeros(8, np.float32))]
-    head = (rng.normal(size=(sum(nvec), 8)).astype(np.float32) * 0.01,
-            np.zeros(sum(nvec), np.float32))
-    return PolicyWeights(hidden, head, nvec, layout, kind, REGION, "train cells", version)
+    return tiny_policy(kind, version, REGION, "train cells")
 
 
 def _retrained(kind: str, version: int, cheaper: bool) -> None:
