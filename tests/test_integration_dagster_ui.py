@@ -1,13 +1,12 @@
 """The real Dagster webserver and daemon on loopback: asset graph, jobs, a launched demo run."""
 
-import json
 import time
-import urllib.request
 
 import pytest
 
 from pipelines import ui
 from tests import servers
+from tests.browser_support import graphql as _graphql
 
 pytestmark = pytest.mark.integration
 
@@ -27,16 +26,6 @@ GRAPH = """
     jobs { name } } } } }"""
 STATUS = """
 query Status($runId: ID!) { runOrError(runId: $runId) { __typename ... on Run { status } } }"""
-
-
-def _graphql(url: str, query: str, variables: dict | None = None) -> dict:
-    body = json.dumps({"query": query, "variables": variables or {}}).encode()
-    request = urllib.request.Request(f"{url}/graphql", data=body,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        payload = json.loads(response.read())
-    assert "errors" not in payload, payload
-    return payload["data"]
 
 
 @pytest.fixture(scope="module")
