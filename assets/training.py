@@ -47,6 +47,13 @@ class TrainRunConfig(dg.Config):
     """Zone of the run's nodes; empty = the provider's first zone in TRAINWISE_REGION."""
     nodes: int = 1
     """Nodes launched and billed for the run (its ranks run here; see trainwise/gang.py)."""
+    lever_guard: bool = False
+    """Switch off a lever (the fast policy's batch changes, dynamic pruning) that costs quality
+    or time against the fixed schedule's eval-loss curve; the reason shows in `trainwise
+    explain` and MLflow."""
+    lever_guard_reference_run: str = ""
+    """Training run id whose eval curve is the reference (same partition and schedule);
+    empty = the newest completed fixed-schedule run (run one first: fast_policy noop)."""
 
 
 def mlflow_link(tracking_uri: str, where: str) -> dg.MetadataValue:

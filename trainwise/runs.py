@@ -31,12 +31,12 @@ import math
 import os
 import time
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from controllers.fast_types import FastPolicy, NoOpFastPolicy
-from trainwise import mlflow_live, preflight, settings, tracking
+from trainwise import guard_reference, mlflow_live, preflight, settings, tracking
 from trainwise.object_store import ObjectStore
 
 FAST_POLICIES = ("noop", "heuristic")
@@ -71,6 +71,12 @@ class TrainRequest:
     market: str = "on_demand"
     zone: str = ""
     nodes: int = 1
+    # The lever guard (controllers.lever_guard): switch off a lever (the fast policy's batch
+    # changes, dynamic pruning) that costs quality or time against the fixed schedule's eval
+    # curve, read from the run named here or, "" = the newest completed fixed-schedule run of
+    # the partition with the same schedule (trainwise.guard_reference).
+    lever_guard: bool = False
+    lever_guard_reference_run: str = ""
 
 
 @dataclass(frozen=True)
@@ -298,6 +304,28 @@ def validate_request(request: TrainRequest) -> None:
     if request.market not in MARKETS:
         raise ValueError(f"market={request.market!r}; valid: {', '.join(MARKETS)}")
     _check_positive_int("nodes", request.nodes)
+    _check_lever_guard(request)
+
+
+def _check_lever_guard(request: TrainRequest) -> None:
+    """The guard's fields; the reference run itself is read in run_training
+    (`trainwise.guard_reference.resolve`: unknown run, other partition, short curve)."""
+    if not isinstance(request.lever_guard, bool):
+        raise ValueError(f"lever_guard={request.lever_guard!r} must be true or false")
+    reference = request.lever_guard_reference_run
+    if not isinstance(reference, str):
+        raise ValueError(f"lever_guard_reference_run={reference!r} must be a run id, or empty "
+                         "for the newest fixed-schedule run")
+    if reference and not request.lever_guard:
+        raise ValueError(f"lever_guard_reference_run={reference!r} is set but lever_guard is off; "
+                         "turn lever_guard on, or clear lever_guard_reference_run")
+    if reference:
+        from telemetry.writer import rank_dir
+
+        try:
+            rank_dir(Path("."), reference, 0)  # one safe path part: it names a run folder
+        except ValueError as error:
+            raise ValueError(f"lever_guard_reference_run: {error}") from error
 
 
 def read_outcome(run_dir: Path) -> dict[str, Any] | None:
@@ -518,6 +546,11 @@ def run_training(
 
     # 1. Names and numbers: nothing is written until all pass.
     validate_request(request)
+    # The guard's reference curve from an earlier run (files read, nothing written); the run id
+    # it came from is recorded in request.json, so a resume keeps the same reference.
+    reference = guard_reference.resolve(request, Path(state_dir))
+    if reference is not None:
+        request = replace(request, lever_guard_reference_run=reference.run_id)
     price = price_usd_per_hour(request.instance_type, request.region)
     policy, policy_reason = fast_policy_in_charge(request.fast_policy, request.region)
     config = loop.TrainConfig(
@@ -534,6 +567,8 @@ def run_training(
         instance_type=request.instance_type,
         run_id=request.run_id,
         num_threads=settings.torch_threads(),
+        lever_guard=request.lever_guard,
+        lever_guard_reference=reference.points if reference is not None else (),
     )
     state_dir = Path(state_dir)
     run_dir = state_dir / "runs" / request.run_id
@@ -543,6 +578,8 @@ def run_training(
     # 3. Data (read only).
     examples = shards.load_shards(state_dir / "shards" / request.partition)
     curriculum = curriculum_lib.load_curriculum(state_dir / "curricula" / request.partition)
+    guard_reference.check_fit(reference, config.model or loop.default_model_config(examples),
+                              examples.fingerprint)
     resume_from, resumed_step = _resume_point(run_dir, request, store)
     from trainwise import gang
 
@@ -585,7 +622,8 @@ def run_training(
             run_name=f"{request.partition}-{request.run_id[:8]}",
             params={**_mlflow_params(request, config, examples.fingerprint, curriculum,
                                      policy.name, price, resumed_step),
-                    "policy/fast_reason": policy_reason[:500]},
+                    "policy/fast_reason": policy_reason[:500],
+                    **guard_reference.mlflow_params(reference)},
             tags={"dagster_run_id": request.run_id, "trainwise/training_run_id": request.run_id,
                   "partition": request.partition},
             telemetry_dir=run_dir / "telemetry" / request.run_id,
