@@ -88,7 +88,7 @@ def test_a_guarded_run_finds_the_fixed_run_and_trains_against_its_curve(state):
     assert (resumed.run_id, resumed.how) == ("fixed", "resume")  # a resume keeps its reference
     decisions = guard_decisions(state, "guarded")
     assert decisions[0]["action"]["guard"] == "start"
-    assert "fixed schedule's curve (4 points)" in decisions[0]["reason"]
+    assert "fixed schedule's curve (4 points, run fixed)" in decisions[0]["reason"]
     params = MlflowClient(f"sqlite:///{state / 'mlflow.db'}").get_run(
         summary.mlflow_run_id).data.params
     assert params["guard/reference_run"] == "fixed"

@@ -82,6 +82,9 @@ class TrainConfig:
     """the fixed schedule's (samples, eval loss) curve on this workload (calibration, e.g. the
     time_to_quality benchmark's fixed runs); empty = quality is not judged in the run, only the
     batch lever's own cost"""
+    lever_guard_reference_source: str = ""
+    """where the reference curve came from (e.g. "run fixed-20261201"), named in the guard's
+    decisions so `trainwise explain` says what the levers were judged against"""
     lever_guard_loss_tolerance: float = 0.02
     """relative eval loss above the reference at the same samples that counts as a strike"""
     lever_guard_time_tolerance: float = 0.05

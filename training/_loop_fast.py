@@ -305,8 +305,10 @@ class LeverGuards:
         watched = ["batch (when the fast policy changes the batch shape)"]
         if pruning:
             watched.append(f"pruning (rate {self.sampler.rate:g})")
+        source = self.config.lever_guard_reference_source
         how = (f"eval loss against the fixed schedule's curve ({len(self.config.lever_guard_reference)}"
-               " points) at the same samples, and the batch lever's seconds per sample"
+               f" points{', ' + source if source else ''}) at the same samples, and the batch"
+               " lever's seconds per sample"
                if self.quality else "no reference curve: quality is not judged in this run, "
                "only the batch lever's seconds per sample")
         off = "; ".join(f"{k} off since before ({v})" for k, v in self.off.items())

@@ -569,6 +569,8 @@ def run_training(
         num_threads=settings.torch_threads(),
         lever_guard=request.lever_guard,
         lever_guard_reference=reference.points if reference is not None else (),
+        lever_guard_reference_source=(f"run {reference.run_id}" if reference is not None
+                                      else ""),
     )
     state_dir = Path(state_dir)
     run_dir = state_dir / "runs" / request.run_id
