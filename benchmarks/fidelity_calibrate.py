@@ -46,6 +46,10 @@ class Calibration:
     emulated_save_s: float  # what the emulated observation tells the policy
     emulated_interval_s: float
     runs: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    # The runs froze the clock from the last step to the trainer's exit
+    # (`run_emulated(freeze_after_last_step=True)`): no tail on the clock (tail_s 0), and the
+    # final set is billed as a shutdown, the notice at most.
+    tail_frozen: bool = False
 
     @property
     def saves_per_run(self) -> int:
@@ -93,7 +97,8 @@ class Calibration:
                 "save_s": self.save_s, "tail_s": self.tail_s, "changeover_s": self.changeover_s,
                 "emulated_changeover_s": self.emulated_changeover_s,
                 "checkpoint_interval_s": self.checkpoint_interval_s, "run_s": self.run_s,
-                "saves_per_run": self.saves_per_run, "runs": list(self.runs)}
+                "saves_per_run": self.saves_per_run, "runs": list(self.runs),
+                "tail_frozen": self.tail_frozen}
 
 
 def every_steps(steps: int) -> int:
@@ -145,13 +150,16 @@ def same_run(cal: Calibration, result: EmulatedResult) -> Calibration:
     return replace(cal, method="same run: step gap, save and tail from the scored run's own "
                    "trainer telemetry", step_s=statistics.fmean(gaps) if gaps else cal.step_s,
                    save_s=statistics.median(saves) if saves else cal.save_s,
-                   tail_s=tail_s(result, rate) if result.finish_s is not None else cal.tail_s,
+                   tail_s=(tail_s(result, rate) if result.finish_s is not None
+                           and not cal.tail_frozen else cal.tail_s),
                    runs=())
 
 
 def calibrate(windows: Sequence[tuple[str, str, int]], partition: str, steps: int,
-              seconds_per_tick: float, work: Path, max_wall_s: float) -> Calibration:
-    """Run `on_demand` for `steps` steps on each calibration window and measure."""
+              seconds_per_tick: float, work: Path, max_wall_s: float,
+              freeze_after_last_step: bool = False) -> Calibration:
+    """Run `on_demand` for `steps` steps on each calibration window and measure
+    (`freeze_after_last_step`: as the scored runs will; then there is no tail on the clock)."""
     rules = replay.default_rules()
     every = every_steps(steps)
     overrides = {"checkpoint_every_steps": every, "eval_every_steps": every}
@@ -162,14 +170,15 @@ def calibrate(windows: Sequence[tuple[str, str, int]], partition: str, steps: in
                               window_start_tick=start, seconds_per_tick=seconds_per_tick,
                               policy_name=CALIBRATION_POLICY, out_dir=work,
                               run_id=f"calibration-{i:02d}", max_wall_s=max_wall_s,
-                              train_overrides=overrides)
+                              train_overrides=overrides,
+                              freeze_after_last_step=freeze_after_last_step)
         if result.finish_s is None or result.preemptions:
             raise RuntimeError(f"calibration run {i} on {folder}/{zone_file}@{start} did not "
                                f"finish unpreempted ({result.status}); rerun on a quieter machine")
         probe = replay.load_replay_market(folder, zone_file, start, 1, _spot_dir())
         rate = probe.tick_s / seconds_per_tick
         launch_s = result.holdings[0]["launch_s"]
-        tail = tail_s(result, rate)
+        tail = 0.0 if freeze_after_last_step else tail_s(result, rate)
         tails.append(tail)
         points.append((n, float(result.finish_s) - launch_s - tail))
         saves += interval_save_s(result, rate)
@@ -184,13 +193,17 @@ def calibrate(windows: Sequence[tuple[str, str, int]], partition: str, steps: in
     method = ("on_demand runs on unscored windows: emulated seconds a step from each run's "
               "completion less the changeover and its measured tail; save cost and tail from "
               "their telemetry")
+    if freeze_after_last_step:
+        method = ("on_demand runs on unscored windows, clock frozen after the last step: "
+                  "emulated seconds a step from each run's completion less the changeover; save "
+                  "cost from their telemetry")
     return Calibration(
         method=method, steps=steps, checkpoint_every_steps=every, emulated_per_wall_s=rate,
         step_s=step, save_s=statistics.median(saves) if saves else 0.0,
         tail_s=statistics.median(tails), changeover_s=max(0.0, changeover),
         emulated_changeover_s=rules.changeover_s,
         emulated_save_s=rules.checkpoint_save_s, emulated_interval_s=rules.checkpoint_interval_s,
-        runs=tuple(runs))
+        runs=tuple(runs), tail_frozen=freeze_after_last_step)
 
 
 def _spot_dir() -> Path:

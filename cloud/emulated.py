@@ -6,7 +6,8 @@ processes and signals them lives in `trainwise/emulated.py` (it needs `training`
 which `cloud/` may not import). Keeping the replay and the bill here lets the simulator's figures
 and the emulated ones be compared rule for rule.
 
-The replay (one spot node, one zone):
+The replay (one zone's view; several zones share the clock, one `ReplayMarket` each, and a
+gang's N nodes are N holdings):
 
 - Trace tick i (`tick_s` emulated seconds, 195 s in the 2023-02 availability traces) lasts
   `seconds_per_tick` of wall time. The emulated clock runs only while the cloud is "live"
@@ -40,7 +41,7 @@ skypilot-org/spot-traces (the trace files); AWS's two-minute spot interruption n
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,6 +176,7 @@ class Holding:
     end_reason: str = ""
     notice_at_s: float | None = None
     trainer_exit_s: float | None = None
+    zone: str = ""  # the zone it was launched in ("" when built without one)
 
     def billed_s(self, now_s: float | None = None) -> float:
         end = self.end_s if self.end_s is not None else now_s
@@ -280,6 +282,17 @@ def default_rules() -> ClusterRules:
     return ClusterRules()
 
 
+@dataclass(frozen=True)
+class HeldSet:
+    """The node set a job holds: `spot_nodes` + `on_demand_nodes` nodes in `zone`, launched
+    (its changeover started) at `launch_s` emulated seconds."""
+
+    zone: str
+    spot_nodes: int
+    on_demand_nodes: int
+    launch_s: float
+
+
 def build_observation(
     *,
     market: ReplayMarket,
@@ -295,38 +308,72 @@ def build_observation(
     preemption_times_s: tuple[float, ...],
     launch_failed: bool,
 ) -> AllocationObservation:
-    """What the allocation policy sees at the start of the clock's current tick (one node)."""
+    """What the allocation policy sees at the start of the clock's current tick (one node, one
+    zone); `build_gang_observation` is the general form."""
+    held = None
+    if holding is not None:
+        held = HeldSet(market.zone, int(holding.kind == SPOT), int(holding.kind == ON_DEMAND),
+                       holding.launch_s)
+    return build_gang_observation(
+        markets=(market,), node_count=1, rules=rules, clock=clock, work_done_h=work_done_h,
+        work_checkpointed_h=work_checkpointed_h, work_total_h=work_total_h,
+        deadline_s=deadline_s, held=held, last_zone=last_kind_zone,
+        since_checkpoint_s=since_checkpoint_s, preemption_times_s=preemption_times_s,
+        launch_failed=launch_failed)
+
+
+def build_gang_observation(
+    *,
+    markets: Sequence[ReplayMarket],
+    node_count: int,
+    rules: ClusterRules,
+    clock: ReplayClock,
+    work_done_h: float,
+    work_checkpointed_h: float,
+    work_total_h: float,
+    deadline_s: float,
+    held: HeldSet | None,
+    last_zone: str | None,
+    since_checkpoint_s: float,
+    preemption_times_s: tuple[float, ...],
+    launch_failed: bool,
+) -> AllocationObservation:
+    """What the allocation policy sees at the start of the clock's current tick, built as
+    `cloud.simulator.simulate` builds it: every zone's spot availability and prices (the first
+    market is the home zone), the held set's zone and spot/on-demand counts, and the gang's work
+    rate (`node_count` nodes of one reference GPU each: work is in GPU-hours)."""
     now = clock.now_s
     changeover_left = 0.0
-    if holding is not None:
-        changeover_left = max(0.0, holding.launch_s + rules.changeover_s - now)
+    if held is not None:
+        changeover_left = max(0.0, held.launch_s + rules.changeover_s - now)
+    home = markets[0]
     return AllocationObservation(
         time_s=now,
-        tick_s=float(market.tick_s),
-        trace_time_s=float(market.window_start_tick * market.tick_s + now),
+        tick_s=float(home.tick_s),
+        trace_time_s=float(home.window_start_tick * home.tick_s + now),
         work_done_h=work_done_h,
         work_checkpointed_h=work_checkpointed_h,
         work_total_h=work_total_h,
-        work_rate_gpu_h_per_h=1.0,  # one node of the trace's shape, reference throughput
+        work_rate_gpu_h_per_h=float(node_count),  # nodes of the trace's shape, reference speed
         deadline_s=deadline_s,
         changeover_s=rules.changeover_s,
         checkpoint_save_s=rules.checkpoint_save_s,
         checkpoint_interval_s=rules.checkpoint_interval_s,
         notice_s=rules.notice_s,
-        node_count=1,
-        zones=(market.zone,),
-        home_zone=market.zone,
-        zone=market.zone if holding is not None else None,
-        spot_nodes=1 if holding is not None and holding.kind == SPOT else 0,
-        on_demand_nodes=1 if holding is not None and holding.kind == ON_DEMAND else 0,
+        node_count=node_count,
+        zones=tuple(m.zone for m in markets),
+        home_zone=home.zone,
+        zone=held.zone if held is not None else None,
+        spot_nodes=held.spot_nodes if held is not None else 0,
+        on_demand_nodes=held.on_demand_nodes if held is not None else 0,
         in_changeover=changeover_left > 0,
         changeover_left_s=changeover_left,
-        last_zone=last_kind_zone,
-        spot_available_by_zone=(market.available_at(clock.tick),),
-        spot_price_usd_per_hour_by_zone=(market.spot_usd_per_hour,),
-        on_demand_price_usd_per_hour_by_zone=(market.on_demand_usd_per_hour,),
+        last_zone=last_zone,
+        spot_available_by_zone=tuple(m.available_at(clock.tick) for m in markets),
+        spot_price_usd_per_hour_by_zone=tuple(m.spot_usd_per_hour for m in markets),
+        on_demand_price_usd_per_hour_by_zone=tuple(m.on_demand_usd_per_hour for m in markets),
         since_checkpoint_s=since_checkpoint_s,
-        since_launch_s=now - holding.launch_s if holding is not None else 0.0,
+        since_launch_s=now - held.launch_s if held is not None else 0.0,
         preemption_times_s=preemption_times_s,
         launch_failed=launch_failed,
     )

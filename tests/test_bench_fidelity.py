@@ -104,7 +104,8 @@ def test_windows_are_distinct_real_trace_windows():
 @needs_spot_data
 def test_quick_run_writes_per_window_predicted_and_measured(tmp_path):
     """--quick on one window: real trainer processes (about a minute on a loaded machine)."""
-    assert fidelity.main(["--quick", "--windows", "1", "--out-dir", str(tmp_path)]) == 0
+    assert fidelity.main(["--quick", "--windows", "1", "--multi-zone-windows", "0",
+                           "--gang-windows", "0", "--out-dir", str(tmp_path)]) == 0
     payload = json.loads((tmp_path / "fidelity.json").read_text())
     assert (tmp_path / "fidelity.md").is_file() and (tmp_path / "fidelity.png").is_file()
     (row,) = payload["windows"]

@@ -1,12 +1,13 @@
 """The `emulated` way to run the cloud: real trainer processes, a real spot trace replayed fast.
 
-`run_emulated` trains one job on this machine as if on one cloud node of the trace's instance
-type (p3.2xlarge for the V100 traces). The pure parts (replay clock, market window, billing
-rule, observations) are in `cloud/emulated.py`; launches, notices, terminations and the bill go
-through the `emulated` provider (`cloud/providers/emulated.py`, the `ComputeProvider` interface);
-this module runs the trainer processes, freezes the clock while they boot or stop, and writes
-telemetry. `restore_from_store` (end of the file) is how a replacement node, whose disk is new,
-gets the run's newest committed checkpoint from the object store.
+`run_emulated` trains one job on this machine as if on one cloud node (or an N-node gang, in one
+of several zones) of the trace's instance type (p3.2xlarge for the V100 traces). The pure parts
+(replay clock, market window, billing rule, observations) are in `cloud/emulated.py`; launches,
+notices, terminations and the bill go through the `emulated` provider
+(`cloud/providers/emulated.py`, the `ComputeProvider` interface); this module runs the trainer
+processes, freezes the clock while they boot or stop, and writes telemetry. `restore_from_store`
+(end of the file) is how a replacement node, whose disk is new, gets the run's newest committed
+checkpoint from the object store.
 
 Event sequence (a typical run, the 2023-02 us-east-1a trace):
 tick 0: policy -> spot (launch; trainer process boots, clock frozen; changeover 360 s billed)
@@ -28,7 +29,27 @@ max_steps done: the node is released, the bill closed.
    first. Steps a resumed trainer re-runs (the killed one had recorded them after its last
    checkpoint) are reported as preemption waste (`replayed_steps`, `preemption_waste_s`,
    `preemption_waste_usd`), apart from the useful training seconds (`useful_train_s`).
-4. Every decision, preemption, launch/resume and the end go to the run's telemetry as decision
+   With `freeze_after_last_step` the clock stops at the last step (the completion, as the
+   simulator's finish) while the trainer writes its final eval and checkpoint and exits (this
+   machine's seconds, as a boot), and the set is billed for that as for a shutdown: wall seconds
+   at replay speed, at most the notice. `benchmarks/fidelity.py` uses it.
+4. Zones (`zone_files`): one `ReplayMarket` per zone file of the trace folder, same window, same
+   instance type, the first the home zone. The policy sees every zone's availability and prices
+   (`cloud.emulated.build_gang_observation`, built as `cloud.simulator.simulate` builds it);
+   the action's zone is applied: a set in another zone is a changeover like a spot/on-demand
+   switch (the old set released, its trainer checkpoints and stops, a new trainer resumes on the
+   new set after the changeover); a reclaim follows the held zone's availability; each node is
+   billed at its own zone's price. The result names the zones held (`zones_held`).
+5. Gang (`nodes=N`), the simulator's gang rules: every held set is exactly N nodes in one zone
+   (spot and on-demand may mix), launched through the provider as N nodes each billed per
+   node-second at its price; a spot launch needs that many spot nodes in the zone's trace this
+   tick; a reclaim of any one node releases the whole set (a synchronous gang cannot run short
+   of a rank) and the policy chooses the next set. Work is in GPU-hours at N reference GPUs.
+   HONEST LIMIT: the gang's ranks are ONE trainer process here, standing for the gang's work at
+   the full gang's rate (progress needs all N nodes; a reclaim SIGTERMs that process, which
+   checkpoints). Real multi-rank training is `trainwise/gang.py`'s `TorchrunGang`, which is not
+   policy-driven (it replaces a lost node in place).
+6. Every decision, preemption, launch/resume and the end go to the run's telemetry as decision
    events (layer "slow", policy = the allocation policy's name or "emulated_cloud"), written by
    the provider under rank `PROVIDER_RANK` (the trainer writes rank 0), so `trainwise explain`
    shows them in time order with the trainer's own checkpoints and preemption notices.
@@ -45,6 +66,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,6 +125,10 @@ class EmulatedResult:
     useful_train_s: float = 0.0
     # Billed node seconds after a notice/release, until the node was down (shutdowns, kills).
     stopping_node_s: float = 0.0
+    zones: tuple[str, ...] = ()  # the zones replayed (the first is `zone`, the home zone)
+    zones_held: tuple[str, ...] = ()  # zones the job launched nodes in, in first-launch order
+    node_count: int = 1  # the gang's size
+    node_launches: int = 0  # provider nodes launched (a gang launch is node_count of them)
 
     @property
     def deadline_met(self) -> bool:
@@ -137,8 +163,10 @@ class _Trainer:
     spawn_wall_s: float
     result_path: Path
     resumed_from: str | None
-    holding: replay.Holding | None = None  # the node it runs on (billed until it is down)
-    node: NodeHandle | None = None  # that node at the provider
+    # The nodes it runs on (one, or a gang's N) at the provider, and their bills (each billed
+    # until it is down).
+    nodes: tuple[NodeHandle, ...] = ()
+    holdings: tuple[replay.Holding, ...] = ()
     ready: bool = False
     stop_reason: str = ""
     notice_monotonic: float | None = None
@@ -150,7 +178,7 @@ class _Trainer:
 class _Emulation:
     """The provider's state while a job runs; `run_emulated` drives it."""
 
-    market: replay.ReplayMarket
+    markets: list[replay.ReplayMarket]  # one per zone; the first is the home zone
     rules: Any
     clock: replay.ReplayClock
     provider: EmulatedProvider  # launches, notices, terminations and the bill go through it
@@ -161,15 +189,20 @@ class _Emulation:
     shards_dir: Path
     train_config: dict[str, Any]
     max_steps: int
-    work_total_h: float
+    work_total_s: float  # emulated seconds of training the whole job takes on the full gang
     deadline_s: float
     notice_wall_s: float
+    node_count: int = 1  # the gang's size: every held set is exactly this many nodes
     trainer_ignores_notice: bool = False
+    fast_policy: str | None = None  # written into each trainer's job JSON (the fast layer)
+    freeze_after_last_step: bool = False  # see run_emulated
+    last_step_s: float | None = None  # when the last step was seen (freeze_after_last_step)
     # Object store mode: trainers upload each checkpoint; a stopped node's disk is lost and its
     # replacement restores from the store (`restore_from_store`).
     store_dir: Path | None = None
     store_key_prefix: str = ""
-    node: NodeHandle | None = None  # the node the job holds (or last held)
+    nodes: list[NodeHandle] = field(default_factory=list)  # the set held (or last held)
+    last_zone: str | None = None  # the zone of the last launch (the simulator's last_zone)
     trainer: _Trainer | None = None
     pending_launch: bool = False
     preemption_times: tuple[float, ...] = ()
@@ -184,24 +217,52 @@ class _Emulation:
     finish_s: float | None = None
     final_eval_loss: float | None = None
     pids: list[int] = field(default_factory=list)
-    spawns: list[tuple[float, replay.Holding | None]] = field(default_factory=list)
+    # (spawn wall time, USD/h of the set the trainer ran on) per trainer, in start order.
+    spawns: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def market(self) -> replay.ReplayMarket:
+        """The home zone's market (the first zone file)."""
+        return self.markets[0]
+
+    def market_of(self, zone: str) -> replay.ReplayMarket:
+        return next(m for m in self.markets if m.zone == zone)
+
+    @property
+    def work_total_h(self) -> float:
+        """The job's work in GPU-hours at the reference throughput: the gang's N nodes work
+        `work_total_s` together (the simulator's `work_gpu_h` at rate node_count)."""
+        return self.node_count * self.work_total_s / 3600.0
 
     @property
     def step_s(self) -> float:
         """Emulated seconds one training step stands for (the work model of the module doc)."""
-        return self.work_total_h * 3600.0 / self.max_steps
+        return self.work_total_s / self.max_steps
 
     @property
     def holdings(self) -> list[replay.Holding]:
         return self.provider.holdings
 
     @property
-    def holding(self) -> replay.Holding | None:
-        """The node the job holds now (its bill still open), as the provider bills it."""
-        if self.node is None:
+    def gang(self) -> list[NodeHandle]:
+        """The nodes the job holds now (bills still open)."""
+        return [n for n in self.nodes if self.provider.holding(n).end_s is None]
+
+    @property
+    def held(self) -> replay.HeldSet | None:
+        """The set held now: zone, spot and on-demand counts, launch time."""
+        gang = self.gang
+        if not gang:
             return None
-        holding = self.provider.holding(self.node)
-        return holding if holding.end_s is None else None
+        spot = sum(n.market == replay.SPOT for n in gang)
+        return replay.HeldSet(gang[0].zone, spot, len(gang) - spot,
+                              self.provider.holding(gang[0]).launch_s)
+
+    @property
+    def holding(self) -> replay.Holding | None:
+        """The first node of the set held now (its bill still open), as the provider bills it."""
+        gang = self.gang
+        return self.provider.holding(gang[0]) if gang else None
 
     @property
     def telemetry_dir(self) -> Path:
@@ -230,6 +291,14 @@ class _Emulation:
                 self.checkpoint_step, self.checkpoint_path = int(event["step"]), event["path"]
             elif kind == "eval":
                 self.final_eval_loss = event["eval_loss"]
+        trainer = self.trainer
+        if (self.freeze_after_last_step and self.steps >= self.max_steps and trainer is not None
+                and trainer.ready and self.last_step_s is None):
+            # The last step is done: the final eval, checkpoint and exit run on this machine's
+            # seconds with the clock frozen (as a boot), and the set is billed for them as for a
+            # shutdown: until the trainer exits at replay speed, at most the notice.
+            self.last_step_s = self.clock.now_s
+            self.note_notice(trainer)
 
     # -- processes --------------------------------------------------------------------------
     def spawn(self) -> None:
@@ -247,7 +316,7 @@ class _Emulation:
                "resume_from": resume_from, "train_config": self.train_config,
                "block_sigterm": self.trainer_ignores_notice,
                "store_dir": str(self.store_dir) if self.store_dir is not None else None,
-               "store_key_prefix": self.store_key_prefix}
+               "store_key_prefix": self.store_key_prefix, "fast_policy": self.fast_policy}
         job_path = folder / f"job-{index:03d}.json"
         job_path.write_text(json.dumps(job, indent=1))
         log = open(folder / f"worker-{index:03d}.log", "w")  # noqa: SIM115 (child owns it)
@@ -256,22 +325,25 @@ class _Emulation:
             cwd=settings.PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True)
         log.close()
-        holding = self.holding
+        gang = self.gang
+        holdings = tuple(self.provider.holding(n) for n in gang)
         self.trainer = _Trainer(process, time.time(), Path(job["result_path"]),
-                                self.checkpoint_path, holding=holding,
-                                node=self.node if holding is not None else None)
+                                self.checkpoint_path, nodes=tuple(gang), holdings=holdings)
         self.pids.append(process.pid)
         if self.checkpoint_path is not None:
             self.resumes += 1
-        self.spawns.append((self.trainer.spawn_wall_s, holding))
+        self.spawns.append((self.trainer.spawn_wall_s,
+                            sum(h.price_usd_per_hour for h in holdings)))
+        held = self.held
+        label = _set_label(held)
         # Steps an earlier trainer recorded after the checkpoint this one starts from will run
         # again (counted at the end from the telemetry, `count_replays`).
         will_replay = max(0, self.steps - (self.checkpoint_step if self.checkpoint_path else 0))
         self.record(PROVIDER_POLICY,
                     {"event": "resume" if self.checkpoint_path else "start",
-                     "pid": process.pid, "node": holding.kind if holding else None,
+                     "pid": process.pid, "node": label, "zone": held.zone if held else None,
                      "from_checkpoint": self.checkpoint_path},
-                    (f"trainer process {process.pid} started on {holding.kind if holding else '?'}"
+                    (f"trainer process {process.pid} started on {label}"
                      + (f", resuming from step {self.checkpoint_step}" if self.checkpoint_path
                         else ", fresh run")),
                     {"checkpoint_step": float(self.checkpoint_step),
@@ -290,10 +362,9 @@ class _Emulation:
             if not again:
                 continue
             index = max(0, bisect.bisect_right(starts, event["wall_time_s"]) - 1)
-            holding = self.spawns[index][1] if self.spawns else None
+            price = self.spawns[index][1] if self.spawns else 0.0
             count += 1
-            waste_usd += replay.replay_waste(
-                1, self.step_s, holding.price_usd_per_hour if holding else 0.0).waste_usd
+            waste_usd += replay.replay_waste(1, self.step_s, price).waste_usd
         return replay.ReplayWaste(count, count * self.step_s, waste_usd)
 
     def stop_trainer(self, reason: str) -> None:
@@ -311,92 +382,147 @@ class _Emulation:
         """The trainer's node was told to stop now: it is billed until it is down."""
         if trainer.notice_monotonic is None:
             trainer.notice_monotonic = time.monotonic()
-        if trainer.holding is not None and trainer.holding.notice_at_s is None:
-            trainer.holding.notice_at_s = self.clock.now_s
+        for holding in trainer.holdings:
+            if holding.notice_at_s is None:
+                holding.notice_at_s = self.clock.now_s
 
     def node_down(self, trainer: _Trainer) -> None:
-        """The trainer exited (or was killed): its node was up until then, at most the notice."""
-        holding = trainer.holding
-        if (trainer.node is None or holding is None or holding.notice_at_s is None
-                or trainer.notice_monotonic is None):
+        """The trainer exited (or was killed): its nodes were up until then, at most the
+        notice (each node of a gang stands by the one process)."""
+        if trainer.notice_monotonic is None:
             return
-        self.provider.node_down(trainer.node, time.monotonic() - trainer.notice_monotonic)
+        shutdown_wall_s = time.monotonic() - trainer.notice_monotonic
+        for node, holding in zip(trainer.nodes, trainer.holdings):
+            if holding.notice_at_s is not None:
+                self.provider.node_down(node, shutdown_wall_s)
 
     def end_holding(self, reason: str) -> None:
-        """The job lets its node go now (the provider closes its bill, `terminate`)."""
-        if self.holding is not None and self.node is not None:
-            self.provider.terminate(self.node, reason)
+        """The job lets its nodes go now (the provider closes their bills, `terminate`)."""
+        for node in self.gang:
+            self.provider.terminate(node, reason)
 
     # -- the tick ---------------------------------------------------------------------------
     def on_tick(self, tick: int) -> None:
-        available = self.market.available_at(tick)
-        # The provider applies the trace: a spot node over the zone's capacity gets its notice
+        zones = tuple(m.zone for m in self.markets)
+        available = tuple(m.available_at(tick) for m in self.markets)
+        # The provider applies the trace: a spot node over its zone's capacity gets its notice
         # (its bill closes provisionally now, moved to when it is down).
-        noticed = self.node is not None and self.node in self.provider.on_tick(tick)
+        noticed_now = self.provider.on_tick(tick)
+        noticed = [n for n in self.nodes if n in noticed_now]
         if noticed and self.steps >= self.max_steps:
             # Reclaimed while the trainer writes its final eval and checkpoint: the loop has left
             # its step loop and ignores the notice, so this interrupts nothing. The node is
             # billed until that trainer exits (at most the notice).
-            self.provider.holding(self.node).end_reason = "reclaimed after the last step"
+            for node in noticed:
+                self.provider.holding(node).end_reason = "reclaimed after the last step"
+            # A gang's other nodes go with it (the policy never sees a partial gang).
+            self.end_holding("gang released: a rank was reclaimed after the last step")
             if self.trainer is not None:
                 self.note_notice(self.trainer)  # billed until its trainer exits (or the notice)
             self.record(PROVIDER_POLICY, {"event": "reclaimed_after_work"},
                         "spot reclaimed after the last step: not an interruption",
                         {"time_s": self.clock.now_s, "steps_done": float(self.steps)})
         elif noticed:
+            zone = noticed[0].zone
+            # A synchronous gang cannot run short of a rank: the rest of the set is released
+            # with the reclaimed node(s), as the simulator releases the whole gang.
+            self.end_holding("gang released: a rank was reclaimed")
             self.preemption_times += (self.clock.now_s,)
             pid = self.trainer.process.pid if self.trainer else None
-            self.record(PROVIDER_POLICY, {"event": "preemption", "pid": pid, "signal": "SIGTERM"},
-                        f"spot reclaimed in {self.market.zone} at trace tick "
-                        f"{self.market.window_start_tick + tick}: SIGTERM to trainer pid {pid}",
-                        {"time_s": self.clock.now_s, "spot_available": float(available),
+            self.record(PROVIDER_POLICY, {"event": "preemption", "pid": pid, "signal": "SIGTERM",
+                                          "zone": zone, "nodes_reclaimed": len(noticed)},
+                        f"spot reclaimed in {zone} ({len(noticed)} of {len(self.nodes)} node(s)) "
+                        f"at trace tick {self.market_of(zone).window_start_tick + tick}: "
+                        f"SIGTERM to trainer pid {pid}",
+                        {"time_s": self.clock.now_s,
+                         "spot_available": float(available[zones.index(zone)]),
                          "steps_done": float(self.steps),
                          "notice_wall_s": self.notice_wall_s})
             self.pending_launch = False
             self.stop_trainer("preemption")
         if self.finish_s is not None:
             return
-        observation = replay.build_observation(
-            market=self.market, rules=self.rules, clock=self.clock,
+        held = self.held
+        observation = replay.build_gang_observation(
+            markets=self.markets, node_count=self.node_count, rules=self.rules, clock=self.clock,
             work_done_h=self.steps / self.max_steps * self.work_total_h,
             work_checkpointed_h=self.checkpoint_step / self.max_steps * self.work_total_h,
-            work_total_h=self.work_total_h, deadline_s=self.deadline_s, holding=self.holding,
-            last_kind_zone=self.market.zone if self.holdings else None,
+            work_total_h=self.work_total_h, deadline_s=self.deadline_s, held=held,
+            last_zone=self.last_zone,
             since_checkpoint_s=self.clock.now_s - self.checkpoint_time_s,
             preemption_times_s=self.preemption_times, launch_failed=self.launch_failed)
         action = self.policy.act(observation)
         self.launch_failed = False
-        want = (replay.SPOT if action.spot_nodes else
-                replay.ON_DEMAND if action.on_demand_nodes else None)
-        holding = self.holding
-        applied = "keep"
-        if want is None and holding is not None:
-            self.end_holding("released")
-            self.stop_trainer("release")
-            applied = "release"
-        elif want is not None and (holding is None or holding.kind != want):
-            try:
-                (node,) = self.provider.launch(self.market.zone, self.market.instance_type,
-                                               want, 1)
-            except LaunchFailedError:  # no spot capacity in the trace this tick
-                self.launch_failed, applied = True, "launch_failed"
-            else:
-                if holding is not None and self.node is not None:
-                    self.provider.terminate(self.node, f"switched to {want}")
-                    self.stop_trainer(f"switch to {want}")
-                self.node = node
-                self.launches += 1
-                self.pending_launch, applied = True, f"launch {want}"
+        applied = self.apply(action, held, tick)
+        shown = held.zone if held else (action.zone or self.market.zone)
         self.record(
             getattr(self.policy, "name", type(self.policy).__name__),
             {"zone": action.zone, "spot_nodes": action.spot_nodes,
              "on_demand_nodes": action.on_demand_nodes, "applied": applied, "tick": tick},
             action.reason, {**{k: float(v) for k, v in action.numbers.items()},
-                            "time_s": self.clock.now_s, "spot_available": float(available),
+                            "time_s": self.clock.now_s,
+                            "spot_available": float(available[zones.index(shown)]
+                                                    if shown in zones else available[0]),
                             "work_done_h": observation.work_done_h},
             {"time_s": observation.time_s, "deadline_s": observation.deadline_s,
              "work_done_h": observation.work_done_h, "work_total_h": observation.work_total_h,
-             "spot_available": available, "held": holding.kind if holding else None})
+             "spot_available": available[0], "spot_available_by_zone": list(available),
+             "zones": list(zones), "held": _set_label(held),
+             "held_zone": held.zone if held else None})
+
+    def apply(self, action: Any, held: replay.HeldSet | None, tick: int) -> str:
+        """The simulator's step 4: asking for the set held keeps it; any other set (zone, spot,
+        on-demand) is a changeover: launch (spot only if the zone's trace has that many spot
+        nodes this tick, else the launch fails and the held set is kept), then the old set is
+        released and its trainer checkpoints and stops; a new trainer resumes on the new set."""
+        want_spot, want_od = action.spot_nodes, action.on_demand_nodes
+        want_total = want_spot + want_od
+        name = getattr(self.policy, "name", type(self.policy).__name__)
+        if want_spot < 0 or want_od < 0 or (want_total and want_total != self.node_count):
+            raise ValueError(
+                f"policy {name!r} asked for {want_spot} spot + {want_od} on-demand nodes at "
+                f"t={self.clock.now_s:.0f} s; a gang job needs 0 or exactly "
+                f"node_count={self.node_count} nodes")
+        if want_total == 0:
+            if held is None:
+                return "keep"
+            self.end_holding("released")
+            self.stop_trainer("release")
+            return "release"
+        zones = [m.zone for m in self.markets]
+        zone = action.zone if action.zone is not None or len(zones) > 1 else zones[0]
+        if zone not in zones:
+            raise ValueError(f"policy {name!r} asked for zone {action.zone!r}; this run replays "
+                             f"{', '.join(zones)} (pass zone_files to add zones)")
+        if held is not None and (held.zone, held.spot_nodes, held.on_demand_nodes) == (
+                zone, want_spot, want_od):
+            return "keep"
+        market = self.market_of(zone)
+        if want_spot > market.available_at(tick):  # the simulator's rule (held nodes count)
+            self.launch_failed = True
+            return "launch_failed"
+        old = self.gang
+        move = f"{want_spot} spot + {want_od} on_demand in {zone}"
+        for node in old:  # released first, so their spot capacity is free for the new set
+            self.provider.terminate(node, f"switched to {move}")
+        try:
+            nodes = []
+            if want_spot:
+                nodes += self.provider.launch(zone, market.instance_type, replay.SPOT, want_spot)
+            if want_od:
+                nodes += self.provider.launch(zone, market.instance_type, replay.ON_DEMAND,
+                                              want_od)
+        except LaunchFailedError:  # cannot happen after the check above; kept for safety
+            self.launch_failed = True
+            if old:
+                self.stop_trainer(f"switch to {move} (launch failed)")
+            return "launch_failed"
+        if old:
+            self.stop_trainer(f"switch to {move}")
+        self.nodes, self.last_zone = nodes, zone
+        self.launches += 1
+        self.pending_launch = True
+        return f"launch {move}"
 
     def advance(self, target_s: float) -> None:
         """Move the clock, handling each tick; stop (freeze) when a process boots or stops."""
@@ -407,10 +533,12 @@ class _Emulation:
 
     @property
     def frozen(self) -> bool:
-        """The clock waits while a trainer boots or shuts down, or a launch waits for it."""
+        """The clock waits while a trainer boots or shuts down, or a launch waits for it (and,
+        with `freeze_after_last_step`, from the last step until the trainer exits)."""
         trainer = self.trainer
         return self.pending_launch or (trainer is not None and (
-            not trainer.ready or trainer.kill_at_monotonic is not None))
+            not trainer.ready or trainer.kill_at_monotonic is not None
+            or self.last_step_s is not None))
 
     def poll_trainer(self) -> None:
         """Collect an exited trainer; kill one past its notice; boot a pending launch."""
@@ -454,13 +582,17 @@ class _Emulation:
             if self.pending_launch:
                 # The trainer finished while a relaunch waited for it to exit: never booted.
                 self.pending_launch = False
-                if self.node is not None:
-                    self.provider.forget(self.node)
-                self.node = None
+                for node in self.nodes:
+                    self.provider.forget(node)
+                self.nodes = []
                 self.launches -= 1
             self.finish_s = self.clock.now_s
             self.final_eval_loss = result["final_eval_loss"]
             self.end_holding("completed")
+            for node in trainer.nodes:  # billed to its exit (freeze_after_last_step): now done
+                holding = self.provider.holding(node)
+                holding.end_reason = holding.end_reason or "completed"
+                self.provider.terminate(node, "completed")
             self.record(PROVIDER_POLICY, {"event": "completed", "pid": result["pid"]},
                         f"training done at step {result['steps']}: node released",
                         {"time_s": self.clock.now_s, "steps": float(result["steps"])})
@@ -485,6 +617,15 @@ class _Emulation:
         if self.pending_launch:
             self.pending_launch = False
             self.spawn()
+
+
+def _set_label(held: replay.HeldSet | None) -> str | None:
+    """"spot", "on_demand" (one node) or "4 spot + 0 on_demand in us-east-1f" (a gang)."""
+    if held is None:
+        return None
+    if held.spot_nodes + held.on_demand_nodes == 1:
+        return replay.SPOT if held.spot_nodes else replay.ON_DEMAND
+    return f"{held.spot_nodes} spot + {held.on_demand_nodes} on_demand in {held.zone}"
 
 
 def _train_config(run_id: str, max_steps: int, market: replay.ReplayMarket,
@@ -520,6 +661,10 @@ def run_emulated(
     train_overrides: dict[str, Any] | None = None,
     trainer_ignores_notice: bool = False,
     object_store_dir: str | Path | None = None,
+    zone_files: Sequence[str] | None = None,
+    nodes: int = 1,
+    fast_policy: str | None = None,
+    freeze_after_last_step: bool = False,
 ) -> EmulatedResult:
     """Train `partition` for `max_steps` on the emulated cloud (see the module docstring).
 
@@ -531,11 +676,26 @@ def run_emulated(
     `object_store_dir` (a `LocalObjectStore` folder): trainers upload every checkpoint under
     `checkpoints/<partition>/<run_id>`, a stopped node's checkpoint folder is deleted (its disk
     is gone), and each replacement restores the store's newest committed checkpoint.
+    `zone_files` (default: `[zone_file]`): the zones replayed together, trace files of
+    `trace_folder` with one tick length and instance type, all from `window_start_tick`; the
+    first is the home zone. `nodes`: the gang's size (see "Gang" in the module docstring).
+    `fast_policy`: written into each trainer's job JSON as "fast_policy" (the worker's fast
+    layer); None leaves the worker's default.
+    `freeze_after_last_step`: the clock stops at the last training step (completion = that
+    time, as the simulator's finish) while the trainer writes its final eval and checkpoint and
+    exits, and the set is billed for that as for a shutdown (wall seconds at replay speed, at
+    most the notice: `replay.node_down_s`). Off (the default): that tail runs on the clock and
+    is billed whole (at replay speed a process exit of 1 wall second is 975-1500 emulated s).
     """
     from training import shards
 
     if max_steps < 1:
         raise ValueError(f"max_steps={max_steps} must be >= 1")
+    if nodes < 1:
+        raise ValueError(f"nodes={nodes} must be >= 1 (the gang's node count)")
+    files = list(zone_files) if zone_files else [zone_file]
+    if len(set(files)) != len(files):
+        raise ValueError(f"zone_files {files} repeat a file: give each zone once")
     if not (seconds_per_tick > 0 and deadline_factor >= 1.0 and step_wall_s_estimate > 0):
         raise ValueError(f"seconds_per_tick={seconds_per_tick} and step_wall_s_estimate="
                          f"{step_wall_s_estimate} must be > 0, deadline_factor={deadline_factor} "
@@ -550,14 +710,18 @@ def run_emulated(
     if not (shards_dir / "manifest.json").exists():
         shards.build_shards(partition, data_dir, shards_dir)
     # Window length needs the deadline, the deadline the tick length: read the trace's tick first.
-    probe = replay.load_replay_market(trace_folder, zone_file, window_start_tick, 1,
+    probe = replay.load_replay_market(trace_folder, files[0], window_start_tick, 1,
                                       data_dir / "spot")
     emulated_per_wall_s = probe.tick_s / seconds_per_tick
     work_total_s = max_steps * step_wall_s_estimate * emulated_per_wall_s
     deadline_s = deadline_factor * (work_total_s + rules.changeover_s)
-    market = replay.load_replay_market(trace_folder, zone_file, window_start_tick,
-                                       replay.window_ticks(deadline_s, probe.tick_s),
-                                       data_dir / "spot")
+    markets = [replay.load_replay_market(trace_folder, f, window_start_tick,
+                                         replay.window_ticks(deadline_s, probe.tick_s),
+                                         data_dir / "spot") for f in files]
+    market = markets[0]
+    if len({m.instance_type for m in markets}) != 1:
+        raise ValueError(f"zone_files {files} hold different instance types "
+                         f"{sorted({m.instance_type for m in markets})}: replay one shape")
     policy = make_policy(policy_name, **risk_model_kwargs(policy_name, market, trace_folder,
                                                           data_dir / "spot"))
     run_dir = out_dir / run_id
@@ -566,18 +730,23 @@ def run_emulated(
     notice_wall_s = max(min_notice_wall_s, clock.wall_s(rules.notice_s))
     with SegmentWriter(run_dir / "telemetry", run_id, rank=PROVIDER_RANK) as writer:
         job = _Emulation(
-            market=market, rules=rules, clock=clock,
-            provider=EmulatedProvider([market], clock, rules), policy=policy, writer=writer,
+            rules=rules, clock=clock,
+            markets=markets, provider=EmulatedProvider(markets, clock, rules), policy=policy,
+            writer=writer, node_count=nodes, fast_policy=fast_policy,
+            freeze_after_last_step=freeze_after_last_step,
             run_id=run_id,
             run_dir=run_dir, shards_dir=shards_dir,
             train_config=_train_config(run_id, max_steps, market, train_overrides),
-            max_steps=max_steps, work_total_h=work_total_s / 3600.0, deadline_s=deadline_s,
+            max_steps=max_steps, work_total_s=work_total_s, deadline_s=deadline_s,
             notice_wall_s=notice_wall_s, trainer_ignores_notice=trainer_ignores_notice,
             store_dir=Path(object_store_dir) if object_store_dir is not None else None,
             store_key_prefix=f"checkpoints/{partition}/{run_id}")
+        zones = [m.zone for m in markets]
         job.record(PROVIDER_POLICY, {"event": "job", "trace": market.source, "zone": market.zone,
+                                     "zones": zones, "nodes": nodes,
                                      "instance_type": market.instance_type},
-                   f"emulated job: {max_steps} steps on {market.instance_type} in {market.zone}, "
+                   f"emulated job: {max_steps} steps on {nodes} x {market.instance_type} in "
+                   f"{', '.join(zones)}, "
                    f"trace {market.source} from tick {window_start_tick}, "
                    f"{seconds_per_tick} s wall per {market.tick_s} s tick",
                    {"deadline_s": deadline_s, "work_total_h": job.work_total_h,
@@ -601,6 +770,8 @@ def run_emulated(
                     continue
                 if job.trainer is not None:
                     job.read_progress()
+                    if job.frozen:
+                        continue
                 job.advance(clock.now_s + elapsed_wall * clock.emulated_per_wall_s)
         finally:
             if job.trainer is not None and job.trainer.process.poll() is None:
@@ -628,7 +799,10 @@ def run_emulated(
         preemption_waste_usd=waste.waste_usd,
         useful_train_s=min(job.steps, max_steps) * job.step_s,
         stopping_node_s=sum(h.end_s - h.notice_at_s for h in holdings
-                            if h.notice_at_s is not None and h.end_s is not None))
+                            if h.notice_at_s is not None and h.end_s is not None),
+        zones=tuple(m.zone for m in markets),
+        zones_held=tuple(dict.fromkeys(h.zone for h in holdings)),
+        node_count=nodes, node_launches=len(holdings))
 
 
 def result_record(result: EmulatedResult) -> dict[str, Any]:

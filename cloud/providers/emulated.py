@@ -148,7 +148,8 @@ class EmulatedProvider(ComputeProvider):
             self._serial += 1
             handle = NodeHandle(f"emu-{zone}-{self._serial:04d}", self.name, zone, instance_type,
                                 market, price)
-            self._nodes.append(_Node(handle, replay.Holding(market, self.clock.now_s, price)))
+            holding = replay.Holding(market, self.clock.now_s, price, zone=zone)
+            self._nodes.append(_Node(handle, holding))
             handles.append(handle)
         return handles
 
