@@ -42,10 +42,26 @@ def test_batch_doubles_into_accumulation_under_the_memory_limit():
 
 
 def test_batch_halves_with_linear_lr_rule():
-    policy = HeuristicFastPolicy(FastHeuristicConfig(batch=BatchScalingConfig(lr_rule="linear")))
+    policy = HeuristicFastPolicy(FastHeuristicConfig(batch=BatchScalingConfig(lr_rule="linear"),
+                                                     keep_start_batch_floor=False))
     a = policy.act(obs(grad_noise_scale=10.0))  # global 64 -> 32: 16 per rank, 2 x 8
     assert (a.micro_batch_size, a.grad_accum_steps) == (8, 2)
     assert a.learning_rate == pytest.approx(5e-4)
+
+
+def test_batch_never_halves_below_the_run_start_under_a_step_budget():
+    """Fewer samples in the same steps cost quality (the end-to-end benchmark's miss)."""
+    policy = HeuristicFastPolicy()
+    first = policy.act(obs(grad_noise_scale=10.0))  # the start batch, 64, is the floor
+    assert (first.micro_batch_size, first.grad_accum_steps) == (16, 2)
+    assert first.learning_rate == 1e-3 and "starting batch 64" in first.reason
+    grown = policy.act(obs(grad_noise_scale=1000.0))  # growing adds samples: allowed
+    assert grown.numbers["global_batch"] == 128
+    back = policy.act(obs(micro_batch_size=grown.micro_batch_size,
+                          grad_accum_steps=grown.grad_accum_steps, grad_noise_scale=1.0))
+    assert back.numbers["global_batch"] >= 64  # back toward the start, never under it
+    low = policy.act(obs(grad_noise_scale=1.0))
+    assert low.numbers["global_batch"] == 64
 
 
 def test_single_accumulation_step_is_split_so_the_noise_scale_can_be_measured():
