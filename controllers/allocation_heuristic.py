@@ -142,7 +142,7 @@ class TrainwiseAllocationConfig:
     # outage outlasts the slack, and the fitted models, out of sample, expected spot back far
     # sooner than it came (issue 9: the 4-node gang paid more than on-demand in 8.3% / 16.7% of
     # its single-zone windows, LOCO / LTO, by such release-and-relaunch cycles; with the rule
-    # 0% / 4.2%, and no cell of the cost suite got dearer).
+    # 0% / 4.2%; no cell of the cost suite got dearer by more than 0.01%).
     release_on_demand_in_outage: bool = False
 
     def __post_init__(self) -> None:
