@@ -65,7 +65,8 @@ def test_spot_allocation_is_launched_in_its_zone_and_billed(state):
 
 def test_node_count_and_on_demand_are_what_the_provider_launched(state):
     cloud = provider(market("us-east-1a", [0] * 100_000))
-    summary = run(state, request(nodes=2), provider=cloud)
+    # Two nodes train as two torchrun ranks: at least one micro batch each.
+    summary = run(state, request(nodes=2, grad_accum_steps=2), provider=cloud)
     nodes = launched(state)
     assert len(nodes) == 2 and {n["market"] for n in nodes} == {"on_demand"}
     assert summary.nodes == 2 and summary.spot_share == 0.0

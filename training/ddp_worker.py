@@ -15,18 +15,24 @@ The spec (JSON) names everything a rank needs, the same file for all ranks:
                   resume_from "auto": the newest good checkpoint in out_dir/checkpoints if there
                   is one, else a fresh start. With `torchrun --max-restarts=K` (elastic) a gang
                   restarted after a worker died so continues from its last checkpoint.
-  policy          {"kind": "noop" | "fixed_shares" | "stragglers" | "heuristic", "shares": [...]}
+  curriculum      {"path": folder, "version": "..."}: the published curriculum every rank
+                  trains on (`training.curriculum.load_curriculum`, verified); absent = every
+                  train example at weight 1
+  policy          {"kind": "noop" | "fixed_shares" | "stragglers" | "heuristic" | "learned_fast",
+                  "shares": [...]}; "learned_fast" also names "path" (a fast policy file, e.g.
+                  the region's champion) and "region", loaded by rank 0 over the heuristic
   slowdown        {"rank": R, "factors": [...]}: rank R's compute is stretched by factors[step %
                   len] (benchmarks: delays replayed from straggler traces)
   micro_batch_ms  emulated device milliseconds per micro batch (benchmarks)
   result_dir      each rank writes rank<R>.json there (TrainResult as JSON), and rank<R>.pid
                   when it starts (tests send one rank a preemption notice: SIGTERM to that pid)
-  store           {"uploader": "module:function", "root": folder, "key_prefix": "..."}: rank 0
+  store           {"uploader": "module:function", "root": folder, "key_prefix": "...", ...}
+                  (further keys go to the factory too, e.g. an S3 bucket): rank 0
                   uploads each checkpoint to that object store (a local folder standing for
                   it) as soon as it is durable, and waits for the uploads before it exits
                   (`upload_timeout_s`, default 60); its
                   result says what reached the store ("uploads"). A replacement node restores
-                  from there (`trainwise.gang.TorchrunGang`).
+                  from there (`trainwise.torchrun_gang.TorchrunGang`).
 """
 
 from __future__ import annotations
@@ -86,6 +92,33 @@ class StragglerSharesPolicy:
         )
 
 
+class GangBatchFit:
+    """A fast policy for a gang of `world_size` ranks: an answer with fewer micro batches per
+    step than ranks (a batch lever that halves accumulation, written for one process) gets one
+    micro batch per rank at the same global batch, rounded up, and the reason says so. Without
+    it the gang would stop: every rank needs at least one micro batch."""
+
+    def __init__(self, inner: FastPolicy, world_size: int) -> None:
+        self.inner, self.world_size = inner, world_size
+        self.name = getattr(inner, "name", type(inner).__name__)
+
+    def act(self, observation: FastObservation) -> FastAction:
+        action = self.inner.act(observation)
+        accum = int(action.grad_accum_steps)
+        if accum >= self.world_size:
+            return action
+        global_batch = int(action.micro_batch_size) * accum
+        micro = -(-global_batch // self.world_size)  # ceil: never a smaller batch than asked
+        return dataclasses.replace(
+            action, micro_batch_size=micro, grad_accum_steps=self.world_size,
+            reason=f"{action.reason}; {self.world_size} ranks: {accum} x "
+                   f"{action.micro_batch_size} became {self.world_size} x {micro} (one micro "
+                   "batch per rank, same global batch)")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 def build_policy(spec: dict[str, Any]) -> FastPolicy:
     kind = spec.get("kind", "noop")
     if kind == "noop":
@@ -96,7 +129,24 @@ def build_policy(spec: dict[str, Any]) -> FastPolicy:
         return StragglerSharesPolicy(StragglerConfig(**spec.get("config", {})))
     if kind == "heuristic":
         return HeuristicFastPolicy()
-    raise ValueError(f"policy kind {kind!r} unknown; use noop, fixed_shares, stragglers, heuristic")
+    if kind == "learned_fast":  # as trainwise.champion: refused on a wrong layout, region, NaN
+        from rl.fast_obs import FAST_OBS_LAYOUT
+        from rl.fast_path import LearnedFastPolicy, NumpyPolicy
+        from rl.policy_file import load_policy
+
+        weights = load_policy(Path(spec["path"]), "fast", FAST_OBS_LAYOUT, spec["region"])
+        return LearnedFastPolicy(NumpyPolicy(weights), HeuristicFastPolicy())
+    raise ValueError(f"policy kind {kind!r} unknown; use noop, fixed_shares, stragglers, "
+                     "heuristic, learned_fast")
+
+
+def load_spec_curriculum(spec: dict[str, Any] | None) -> Any:
+    """The spec's curriculum (the exact version the driver trained with), or None."""
+    if not spec:
+        return None
+    from training.curriculum import load_curriculum
+
+    return load_curriculum(Path(spec["path"]), spec.get("version"))
 
 
 def build_config(values: dict[str, Any]) -> TrainConfig:
@@ -137,7 +187,8 @@ def checkpoint_uploader(store: dict[str, Any] | None, rank: int) -> Any:
                          "'module:function', 'root': folder, 'key_prefix': '...'}")
     module, _, function = store["uploader"].partition(":")
     factory = getattr(importlib.import_module(module), function)
-    return factory(root=store["root"], key_prefix=store["key_prefix"])
+    # Any further keys are the factory's own (an S3 store's bucket, prefix, endpoint).
+    return factory(**{k: v for k, v in store.items() if k != "uploader"})
 
 
 def torchrun_command(spec_path: Path, nproc_per_node: int, master_port: int,
@@ -176,8 +227,10 @@ def main(argv: Sequence[str]) -> int:
     try:
         uploader = checkpoint_uploader(spec.get("store"), rank)
         result = train(
-            build_config(spec["config"]), examples, None, spec["out_dir"],
-            fast_policy=build_policy(spec.get("policy", {})),
+            build_config(spec["config"]), examples, load_spec_curriculum(spec.get("curriculum")),
+            spec["out_dir"],
+            fast_policy=GangBatchFit(build_policy(spec.get("policy", {})),
+                                     ctx.world_size if ctx else 1),
             resume_from=resolve_resume(spec.get("resume_from"), Path(spec["out_dir"])),
             stop_after_steps=spec.get("stop_after_steps"),
             on_checkpoint=uploader.submit if uploader is not None else None,

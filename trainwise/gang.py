@@ -1,6 +1,7 @@
 """The train job's nodes at a compute provider: launch the allocation, answer reclaims, bill.
 
-A training run (`trainwise/runs.py`) trains in this process; the nodes it holds at the provider
+A training run (`trainwise/runs.py`) on one node trains in this process, on more than one as a
+torchrun gang with one rank per node (item 5); the nodes it holds at the provider
 (`cloud.providers`, TRAINWISE_PROVIDER, `emulated` by default) stand for the machines it trains
 on, and the provider's bill is the run's cloud bill. `GangSession`, in order:
 
@@ -24,10 +25,11 @@ on, and the provider's bill is the run's cloud bill. `GangSession`, in order:
    the run's telemetry as slow-layer decision events under `PROVIDER_RANK`, so `trainwise
    explain` shows them next to the trainer's own checkpoints and notices.
 
-5. A torchrun gang (`TorchrunGang`, issue 11 item 5): one node per rank, rank r on node r. A
-   notice for one node SIGTERMs that rank only; the gang stops at one step boundary with one
-   checkpoint (rank 0 uploads it to the object store), only the noticed node is released and
-   replaced (`replace_noticed`), and the gang restarts at the same world size from the store.
+5. A torchrun gang (`trainwise.torchrun_gang.TorchrunGang`, re-exported here): one node per
+   rank, rank r on node r. A notice for one node SIGTERMs that rank only; the gang stops at one
+   step boundary with one checkpoint (rank 0 uploads it to the object store), only the noticed
+   node is released and replaced (`replace_noticed`), and the gang restarts at the same world
+   size from the store. The train job runs one when its allocation holds more than one node.
 
 Time: the replayed trace runs accelerated (`seconds_per_tick` wall seconds per trace tick); the
 training does not (its steps take their real time). Node seconds are on the provider's clock.
@@ -59,6 +61,7 @@ from cloud.providers import (
     provider_name,
 )
 from cloud.providers.base import check_market
+from trainwise.torchrun_gang import TorchrunGang  # re-exported: it lived here first
 
 ALLOCATION_FILE = "allocation.json"
 GANG_FILE = "gang.json"
@@ -370,10 +373,7 @@ class GangSession:
                 self.provider.node_down(node, shutdown_wall_s)  # billed until the loop stopped
             else:
                 self.provider.terminate(node, "released: " + reason[:60])
-        if self.replacements >= MAX_REPLACEMENTS:
-            self.failure = (f"{self.replacements} replacements already launched (the most a run "
-                            "may); resume the run later")
-            self._record("gave_up", self.failure, {})
+        if self._replacements_exhausted():
             return False
         try:
             try:
@@ -394,6 +394,16 @@ class GangSession:
         self.replacements += 1
         return True
 
+    def _replacements_exhausted(self) -> bool:
+        """True (and `failure` recorded) when the run already launched the most replacements it
+        may (`MAX_REPLACEMENTS`: a market that flaps forever ends the run interrupted)."""
+        if self.replacements < MAX_REPLACEMENTS:
+            return False
+        self.failure = (f"{self.replacements} replacements already launched (the most a run "
+                        "may); resume the run later")
+        self._record("gave_up", self.failure, {})
+        return True
+
     def replace_noticed(self) -> bool:
         """After a reclaim of some of the gang's nodes (`noticed`): only those are replaced,
         each in its own place in `nodes` (node r stands for rank r), in the allocation's zone
@@ -411,10 +421,7 @@ class GangSession:
                 self.provider.node_down(node, shutdown_wall_s)  # billed until the gang stopped
             else:
                 self.provider.terminate(node, "released: " + reason[:60])
-        if self.replacements >= MAX_REPLACEMENTS:
-            self.failure = (f"{self.replacements} replacements already launched (the most a run "
-                            "may); resume the run later")
-            self._record("gave_up", self.failure, {})
+        if self._replacements_exhausted():
             return False
         wanted = self.allocation
         for node in noticed:
@@ -516,6 +523,11 @@ class GangSession:
             "fallbacks": self.fallbacks, "failure": self.failure,
             "launched": [asdict(n) for n in self.provider.nodes()],
             "history": self.history, "replay": replay_record(self.provider),
+            # A torchrun gang (on_stop set by TorchrunGang): rank r runs on node r; else the one
+            # process trains for all nodes.
+            "world_size": len(self.nodes) if self.on_stop is not None else 1,
+            "ranks": ([{"rank": r, "node_id": n.node_id, "market": n.market, "zone": n.zone}
+                       for r, n in enumerate(self.nodes)] if self.on_stop is not None else []),
         }
 
     def _write_record(self, record: dict[str, Any]) -> None:
@@ -542,205 +554,6 @@ class GangSession:
             reason=reason, numbers={"provider_time_s": float(self.provider.now_s()),
                                     "reclaims": float(self.reclaims)},
             observation={}))
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class TorchrunGang:
-    """A torchrun gang (`training.ddp_worker`, one process per rank) on the session's nodes,
-    rank r on `session.nodes[r]`, run through the provider until it completes:
-
-    1. the session launches one node per rank and boots it (the changeover); torchrun starts
-       the ranks; the provider's clock runs from the gang's first step on every rank (start-up
-       and restore are inside the changeover already modelled);
-    2. the driver polls the provider at `poll_s` (`GangSession.check`): a reclaim notice for
-       a node SIGTERMs that node's rank only, as the node's agent would; the ranks exchange the
-       notice at the next step (`training.distributed`), the fast layer answers it, the whole
-       gang stops at one step boundary, rank 0 writes one checkpoint and uploads it to the
-       object store before it exits;
-    3. the noticed node is released and replaced (`GangSession.replace_noticed`: same zone and
-       market, spot refused -> on-demand, recorded); the gang's checkpoint folder, standing for
-       the nodes' disks, is emptied and the store's newest committed checkpoint restored into
-       it; torchrun starts the gang again at the same world size from that checkpoint.
-
-    A segment that ends without completing for any other reason (an error, a stop nobody sent)
-    ends the run "interrupted" with `failure` set: never a success with a partial model.
-    Everything is recorded in `gang.json` (the session) and returned by `run()`.
-    """
-
-    session: GangSession
-    spec: dict[str, Any]  # ddp_worker spec: out_dir, config, examples, policy (resume_from)
-    work_dir: Path
-    store_root: Path
-    key_prefix: str
-    nproc: int
-    timeout_s: float = 600.0  # per segment
-    poll_s: float = 0.05
-    segments: list[dict[str, Any]] = field(default_factory=list)
-    failure: str = ""
-    _pids: dict[int, int] = field(default_factory=dict)
-
-    def run(self) -> dict[str, Any]:
-        if self.session.allocation.nodes != self.nproc:
-            raise ValueError(f"allocation of {self.session.allocation.nodes} node(s) for "
-                             f"{self.nproc} rank(s): give one node per rank (nodes={self.nproc})")
-        self.work_dir = Path(self.work_dir)
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        self.session.on_stop = self._tell
-        self.session.start()
-        resume_from = self.spec.get("resume_from")
-        status, results = "interrupted", []
-        try:
-            while True:
-                results = self._segment(len(self.segments), resume_from)
-                statuses = [r.get("status") for r in results]
-                if statuses == ["completed"] * self.nproc:
-                    status = "completed"
-                    break
-                if statuses != ["preempted"] * self.nproc or not self.session.stop_reason:
-                    self.failure = (f"segment {len(self.segments) - 1} ended {statuses} without a "
-                                    f"stop of ours: {self._errors(results)}")
-                    break
-                if not self.session.replace_noticed():
-                    self.failure = self.session.failure
-                    break
-                if len(self.session.nodes) != self.nproc:  # the slow layer's new node count
-                    self.failure = (f"the allocation now holds {len(self.session.nodes)} node(s) "
-                                    f"for a gang of {self.nproc} rank(s): a resume at another "
-                                    "world size is refused; restart the run with "
-                                    f"nproc={len(self.session.nodes)} from its checkpoint")
-                    break
-                resume_from = self._restore(results[0])  # onto the replacement's empty disk
-        finally:
-            record = self.session.close(status)
-        return {"status": status, "failure": self.failure, "results": results,
-                "segments": self.segments, "gang": record}
-
-    def _segment(self, index: int, resume_from: str | None) -> list[dict[str, Any]]:
-        """One torchrun job of the gang; its ranks' results."""
-        import subprocess
-        import sys
-
-        from training.ddp_worker import torchrun_command
-
-        result_dir = self.work_dir / f"segment-{index}"
-        spec = {**self.spec, "resume_from": resume_from, "result_dir": str(result_dir),
-                "store": {"uploader": "trainwise.object_store:local_checkpoint_uploader",
-                          "root": str(self.store_root), "key_prefix": self.key_prefix}}
-        spec_path = self.work_dir / f"segment-{index}.json"
-        spec_path.write_text(json.dumps(spec))
-        seen = [self._steps_seen(rank) for rank in range(self.nproc)]
-        repo = Path(__file__).resolve().parents[1]
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(repo),
-                                                           os.environ.get("PYTHONPATH")]))}
-        log = self.work_dir / f"segment-{index}.log"
-        self._pids = {}
-        began = time.monotonic()
-        with log.open("w") as stderr:
-            process = subprocess.Popen(
-                torchrun_command(spec_path, self.nproc, _free_port(), sys.executable),
-                cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=stderr,
-                start_new_session=True)
-            try:
-                while process.poll() is None:
-                    if time.monotonic() - began > self.timeout_s:
-                        raise TimeoutError(f"segment {index} ran over {self.timeout_s:.0f} s; "
-                                           f"see {log}")
-                    if len(self._pids) < self.nproc:
-                        self._started(result_dir, seen)
-                    else:
-                        self.session.check()
-                    time.sleep(self.poll_s)
-            finally:
-                if process.poll() is None:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
-        results = []
-        for rank in range(self.nproc):
-            path = result_dir / f"rank{rank}.json"
-            results.append(json.loads(path.read_text()) if path.exists() else
-                           {"error": f"rank {rank} left no result; see {log}"})
-        self.segments.append({"index": index, "resume_from": resume_from,
-                              "returncode": process.returncode,
-                              "status": [r.get("status") for r in results],
-                              "steps": [r.get("steps") for r in results],
-                              "wall_s": time.monotonic() - began})
-        return results
-
-    def _started(self, result_dir: Path, seen: list[int]) -> None:
-        """Every rank has its pid file and a step beyond the segment's start: the gang trains,
-        so the provider's clock runs (and a notice finds every rank's handler installed)."""
-        pids = {}
-        for rank in range(self.nproc):
-            pid_file = result_dir / f"rank{rank}.pid"
-            if not pid_file.exists() or self._steps_seen(rank) <= seen[rank]:
-                return
-            pids[rank] = int(pid_file.read_text())
-        self._pids = pids
-        self.session.resume_clock()
-
-    def _steps_seen(self, rank: int) -> int:
-        run_id = self.spec["config"].get("run_id") or ""
-        folder = Path(self.spec["out_dir"]) / "telemetry" / run_id / f"rank{rank}"
-        return sum(p.read_text(errors="replace").count('"type":"step"')
-                   for p in folder.glob("*.jsonl")) if folder.is_dir() else 0
-
-    def _tell(self, nodes: list[NodeHandle], reason: str) -> dict[str, Any]:
-        """SIGTERM to the noticed nodes' ranks (the whole gang's stop: rank 0; one is enough,
-        the ranks exchange it)."""
-        ranks = [self.session.nodes.index(n) for n in nodes] or [0]
-        told = []
-        for rank in ranks:
-            try:
-                os.kill(self._pids[rank], signal.SIGTERM)
-                told.append(rank)
-            except (KeyError, ProcessLookupError):
-                pass  # not started or already gone: the segment's end says what happened
-        return {"what": f"SIGTERM to rank(s) {told} of the gang",
-                "ranks": told, "pids": [self._pids[r] for r in told]}
-
-    def _restore(self, rank0: dict[str, Any]) -> str:
-        """The gang's disks after a node was lost: emptied, then the store's newest committed
-        checkpoint restored. When the stopped gang's last checkpoint did not reach the store,
-        the local copy is kept (trained work is never dropped) and the note says so."""
-        import shutil
-
-        from trainwise.emulated import restore_from_store
-        from trainwise.object_store import LocalObjectStore
-
-        folder = Path(self.spec["out_dir"]) / "checkpoints"
-        stopped = int(rank0.get("steps") or 0)
-        name = Path(str(rank0.get("checkpoint_path") or "")).name
-        uploaded = [u for u in rank0.get("uploads", {}).get("uploaded", [])
-                    if name and str(u).rstrip("/").endswith("/" + name)]
-        if not uploaded:
-            self.session.note("restore", f"the checkpoint of step {stopped} did not reach the "
-                              f"store ({rank0.get('uploads')}); the gang resumes from the local "
-                              f"copy in {folder}", step=stopped, source="local")
-            return str(folder)
-        shutil.rmtree(folder, ignore_errors=True)  # the lost node's (and the gang's) disk
-        point = restore_from_store(LocalObjectStore(Path(self.store_root)), self.key_prefix,
-                                   folder)
-        if point is None:
-            raise RuntimeError(f"the store at {self.store_root} lost the committed checkpoint "
-                               f"{uploaded[0]} of step {stopped}")
-        self.session.note("restore", f"step {point.step} restored from the object store "
-                          f"({point.source}) for the replacement gang", step=point.step,
-                          source=point.source, path=str(point.path))
-        return str(folder)
-
-    @staticmethod
-    def _errors(results: list[dict[str, Any]]) -> str:
-        return "; ".join(f"rank {r}: {row['error']}" for r, row in enumerate(results)
-                         if "error" in row) or "no error recorded"
 
 
 class _GangFastPolicy:

@@ -7,7 +7,8 @@ The `checkpoint` asset and the tests call `run_training`. In order:
    (`trainwise.preflight`), so a bad setting costs a second, not a training;
 3. load the shards and the current curriculum, price the emulated instance;
 4. train on the nodes of the compute provider (`trainwise.gang`: TRAINWISE_PROVIDER, emulated
-   by default; the request's market/zone/nodes, or the slow layer's `allocation.json`): a reclaim
+   by default; the request's market/zone/nodes, or the slow layer's `allocation.json`; more than
+   one node: one torchrun rank per node, `trainwise.torchrun_gang`): a reclaim
    or a new allocation checkpoints, releases, launches the replacement, restores from the store
    and resumes; the provider's bill goes into the summary. Every checkpoint is uploaded as soon
    as it is durable (`CheckpointUploader`); an unfinished run (preempted, killed) is resumed from
@@ -592,6 +593,13 @@ def run_training(
             market=request.market, zone=request.zone, nodes=request.nodes,
             reason="the train request", source="request"),
         request.instance_type, run_dir, request.run_id, region=request.region)
+    # More than one node: one torchrun rank per node (trainwise.torchrun_gang); what the ranks
+    # cannot run yet is refused here, before any node is launched.
+    ranks = session.allocation.nodes > 1
+    if ranks:
+        from trainwise import torchrun_gang
+
+        torchrun_gang.check_ranks(request, store, policy, session.allocation.nodes)
     session.start()  # the provider's errors here: nothing is trained or written yet
     # From here the nodes are billed: whatever fails before training releases them.
     try:
@@ -639,7 +647,15 @@ def run_training(
         raise
     earlier_upload_failures: list[str] = []
     try:
-        while True:
+        if ranks:  # the gang answers reclaims itself (node replaced, restored from the store)
+            result, uploader = torchrun_gang.train_ranks(
+                session, config, request=request, shards_dir=state_dir / "shards" /
+                request.partition, curriculum=curriculum,
+                curriculum_dir=state_dir / "curricula" / request.partition, run_dir=run_dir,
+                policy=policy, resume_from=resume_from, store=store,
+                key_prefix=checkpoint_prefix(request.partition, request.run_id),
+                upload_timeout_s=upload_timeout_s)
+        while not ranks:
             result = loop.train(config, examples, curriculum, run_dir,
                                 fast_policy=session.policy(policy), progress=progress,
                                 pruning=pruning, resume_from=resume_from,
@@ -705,6 +721,7 @@ def run_training(
             "final/provider_cost_usd": gang_record["cost_usd"],
             "final/spot_share": gang_record["spot_share"],
             "final/reclaims": gang_record["reclaims"],
+            "final/world_size": gang_record["world_size"],
         }
         # A run preempted before its first eval has no eval loss: skip it, never log None.
         final = {k: v for k, v in final.items() if v is not None}
