@@ -8,7 +8,12 @@ not score. From their own results and telemetry:
   tick_s / seconds_per_tick emulated seconds per wall second while the trainer trains): the
   completion less the changeover and the tail, over the steps;
 - the changeover: the emulated clock is frozen while a trainer boots and restores, then jumps by
-  the provider's configured changeover, so the run meets exactly that;
+  the provider's configured changeover, and every step from the trainer's `run_start` on runs on
+  the clock (`trainwise.emulated._Emulation.boot_jump_s`), the first one too. A fresh process's
+  first step takes longer than the others (warm-up: allocator, first kernels): that excess is a
+  per-launch cost on the node, not progress, so the simulator's changeover is the configured one
+  plus the measured warm-up (`warmup_s`: the first step's gap after `run_start` less the median
+  step gap, median over the calibration runs' trainers);
 - the tail: from the last trainer's `run_end` to the provider seeing its process exit (the
   process's shutdown on this machine), on the emulated clock and billed once per run; measured
   from each run's telemetry (wall times) and taken off its completion before the fit;
@@ -50,6 +55,8 @@ class Calibration:
     # (`run_emulated(freeze_after_last_step=True)`): no tail on the clock (tail_s 0), and the
     # final set is billed as a shutdown, the notice at most.
     tail_frozen: bool = False
+    # A launch's first-step warm-up (emulated s), part of `changeover_s` (`warmup_s` below).
+    warmup_s: float = 0.0
 
     @property
     def saves_per_run(self) -> int:
@@ -87,7 +94,9 @@ class Calibration:
         wall second; the changeover is the provider's configured one and does not."""
         k = emulated_per_wall_s / self.emulated_per_wall_s
         return replace(self, emulated_per_wall_s=emulated_per_wall_s, step_s=self.step_s * k,
-                       save_s=self.save_s * k, tail_s=self.tail_s * k)
+                       save_s=self.save_s * k, tail_s=self.tail_s * k,
+                       warmup_s=self.warmup_s * k,
+                       changeover_s=self.changeover_s + self.warmup_s * (k - 1.0))
 
     def record(self) -> dict[str, Any]:
         return {"method": self.method, "steps": self.steps,
@@ -98,7 +107,7 @@ class Calibration:
                 "emulated_changeover_s": self.emulated_changeover_s,
                 "checkpoint_interval_s": self.checkpoint_interval_s, "run_s": self.run_s,
                 "saves_per_run": self.saves_per_run, "runs": list(self.runs),
-                "tail_frozen": self.tail_frozen}
+                "tail_frozen": self.tail_frozen, "warmup_s": self.warmup_s}
 
 
 def every_steps(steps: int) -> int:
@@ -140,6 +149,28 @@ def step_gaps_s(result: EmulatedResult, emulated_per_wall_s: float) -> list[floa
     return gaps
 
 
+def first_step_gaps_s(result: EmulatedResult, emulated_per_wall_s: float) -> list[float]:
+    """Emulated seconds from each trainer process's `run_start` (restored) to its first step."""
+    gaps, start = [], None
+    for event in read_run_events(result.run_dir / "telemetry" / result.run_id, rank=0):
+        if event["type"] == "run_start":
+            start = event["wall_time_s"]
+        elif event["type"] == "step" and start is not None:
+            gaps.append((event["wall_time_s"] - start) * emulated_per_wall_s)
+            start = None
+    return gaps
+
+
+def warmup_s(results: Sequence[EmulatedResult], emulated_per_wall_s: float) -> float:
+    """A launch's warm-up: the first step's gap after `run_start` less the median step gap
+    (median over every trainer of `results`), emulated seconds, never below 0."""
+    firsts = [g for r in results for g in first_step_gaps_s(r, emulated_per_wall_s)]
+    steps = [g for r in results for g in step_gaps_s(r, emulated_per_wall_s)]
+    if not firsts or not steps:
+        return 0.0
+    return max(0.0, statistics.median(firsts) - statistics.median(steps))
+
+
 def same_run(cal: Calibration, result: EmulatedResult) -> Calibration:
     """The machine's speed during the scored run itself: its mean step gap, its interval saves
     and its own tail (trainer telemetry wall times). Only speeds are read, never the run's cost,
@@ -147,8 +178,11 @@ def same_run(cal: Calibration, result: EmulatedResult) -> Calibration:
     run-to-run drift (a shared, loaded machine) out of the comparison."""
     rate = cal.emulated_per_wall_s
     gaps, saves = step_gaps_s(result, rate), interval_save_s(result, rate)
-    return replace(cal, method="same run: step gap, save and tail from the scored run's own "
-                   "trainer telemetry", step_s=statistics.fmean(gaps) if gaps else cal.step_s,
+    warmup = warmup_s([result], rate) if first_step_gaps_s(result, rate) else cal.warmup_s
+    return replace(cal, method="same run: step gap, save, tail and first-step warm-up from the "
+                   "scored run's own trainer telemetry", warmup_s=warmup,
+                   changeover_s=cal.emulated_changeover_s + warmup,
+                   step_s=statistics.fmean(gaps) if gaps else cal.step_s,
                    save_s=statistics.median(saves) if saves else cal.save_s,
                    tail_s=(tail_s(result, rate) if result.finish_s is not None
                            and not cal.tail_frozen else cal.tail_s),
@@ -163,7 +197,7 @@ def calibrate(windows: Sequence[tuple[str, str, int]], partition: str, steps: in
     rules = replay.default_rules()
     every = every_steps(steps)
     overrides = {"checkpoint_every_steps": every, "eval_every_steps": every}
-    points, saves, tails, runs, rate = [], [], [], [], 0.0
+    points, saves, tails, runs, rate, results = [], [], [], [], 0.0, []
     for i, (folder, zone_file, start) in enumerate(windows):
         n = steps
         result = run_emulated(partition, max_steps=n, trace_folder=folder, zone_file=zone_file,
@@ -182,28 +216,31 @@ def calibrate(windows: Sequence[tuple[str, str, int]], partition: str, steps: in
         tails.append(tail)
         points.append((n, float(result.finish_s) - launch_s - tail))
         saves += interval_save_s(result, rate)
+        results.append(result)
         runs.append({"window": f"{folder}/{zone_file}@{start}", "policy": CALIBRATION_POLICY,
                      "steps": n, "finish_s": result.finish_s, "tail_s": tail,
                      "wall_s": round(result.wall_s, 2)})
     # The emulated clock is frozen while a trainer boots, then jumps by the provider's configured
-    # changeover: that is the changeover the run meets (steps a trainer runs before the clock
-    # sees it booted end up in the per-step figure).
-    changeover = rules.changeover_s
+    # changeover; from its `run_start` every step is on the clock, the first one's warm-up too:
+    # the changeover a launch costs is both.
+    warmup = warmup_s(results, rate)
+    changeover = rules.changeover_s + warmup
     step = statistics.fmean((y - changeover) / n for n, y in points)
     method = ("on_demand runs on unscored windows: emulated seconds a step from each run's "
-              "completion less the changeover and its measured tail; save cost and tail from "
-              "their telemetry")
+              "completion less the changeover and its measured tail; save cost, tail and "
+              f"first-step warm-up ({warmup:.0f} s, in the changeover) from their telemetry")
     if freeze_after_last_step:
         method = ("on_demand runs on unscored windows, clock frozen after the last step: "
                   "emulated seconds a step from each run's completion less the changeover; save "
-                  "cost from their telemetry")
+                  f"cost and first-step warm-up ({warmup:.0f} s, in the changeover) from their "
+                  "telemetry")
     return Calibration(
         method=method, steps=steps, checkpoint_every_steps=every, emulated_per_wall_s=rate,
         step_s=step, save_s=statistics.median(saves) if saves else 0.0,
         tail_s=statistics.median(tails), changeover_s=max(0.0, changeover),
         emulated_changeover_s=rules.changeover_s,
         emulated_save_s=rules.checkpoint_save_s, emulated_interval_s=rules.checkpoint_interval_s,
-        runs=tuple(runs), tail_frozen=freeze_after_last_step)
+        runs=tuple(runs), tail_frozen=freeze_after_last_step, warmup_s=warmup)
 
 
 def _spot_dir() -> Path:

@@ -13,7 +13,10 @@ gang's N nodes are N holdings):
   `seconds_per_tick` of wall time. The emulated clock runs only while the cloud is "live"
   (a trainer trains, or nothing is held): it is frozen while a trainer process boots or shuts
   down, because those wall seconds are this machine's, not the emulated node's. A launch then
-  jumps the clock by `changeover_s` (launch + restore, as in `cloud/simulator.py`).
+  jumps the clock by `changeover_s` (launch + restore, as in `cloud/simulator.py`) plus the
+  trainer's steps since it entered its step loop, and a trainer told to stop finishes its step
+  in flight on the clock: every training step is time, as in the simulator
+  (`trainwise/emulated.py`, "When the clock runs").
 - Spot availability at tick i is `available[i]` of the window; after the window, spot is treated
   as unavailable (no market data), so a policy falls back to on-demand.
 

@@ -128,3 +128,39 @@ def test_calibration_moves_to_another_trace_tick_length():
     assert slow.step_s == pytest.approx(100.0 / 3)
     assert slow.tail_s == pytest.approx(500.0 / 3)
     assert slow.changeover_s == 360.0
+
+
+def test_a_launchs_first_step_warm_up_is_measured_into_the_changeover(tmp_path):
+    """Every step is on the emulated clock, the first after a boot too, whose excess over a
+    steady step (warm-up) is a per-launch cost: the calibration measures it from the trainers'
+    telemetry and the simulator's changeover is the configured one plus it, scaled with the
+    replay speed (it was measured in wall seconds)."""
+    from benchmarks import fidelity_calibrate as fc
+    from telemetry.events import RunStartEvent, StepEvent
+    from telemetry.writer import SegmentWriter
+
+    def step(n: int, wall: float) -> StepEvent:
+        return StepEvent(run_id="r", rank=0, step=n, wall_time_s=wall, train_loss=1.0,
+                         learning_rate=0.1, grad_norm=1.0, grad_noise_scale=0.0,
+                         micro_batch_size=16, grad_accum_steps=1, step_time_ms=50.0,
+                         samples_seen=16, tokens_seen=0, elapsed_s=0.1, cost_usd=0.0)
+
+    with SegmentWriter(tmp_path / "telemetry", "r", rank=0) as writer:
+        for start in (100.0, 200.0):  # two trainer processes (a launch and a resume)
+            writer.write(RunStartEvent(run_id="r", rank=0, step=0, wall_time_s=start,
+                                       model_kind="m", model_config={}, model_fingerprint="f",
+                                       train_config={}, data_fingerprint="d",
+                                       curriculum_version=None, instance_type="p3.2xlarge",
+                                       price_usd_per_hour=3.06))
+            # First step 0.15 s after run_start, then steady 0.05 s steps.
+            for i, wall in enumerate((0.15, 0.20, 0.25, 0.30), start=1):
+                writer.write(step(i, start + wall))
+    result = SimpleNamespace(run_dir=tmp_path, run_id="r", finish_s=None)
+    assert fc.first_step_gaps_s(result, 1000.0) == pytest.approx([150.0, 150.0])
+    assert fc.warmup_s([result], 1000.0) == pytest.approx(100.0)  # 150 less the 50 s step
+    cal = dataclasses.replace(_calibration(), warmup_s=100.0, changeover_s=460.0)
+    same = fc.same_run(cal, result)
+    # The scored run's own warm-up at its replay speed (975 emulated s a wall s): 0.1 s.
+    assert same.warmup_s == pytest.approx(97.5) and same.changeover_s == pytest.approx(457.5)
+    half = cal.at_rate(cal.emulated_per_wall_s / 2)
+    assert half.warmup_s == pytest.approx(50.0) and half.changeover_s == pytest.approx(410.0)

@@ -9,6 +9,25 @@ processes, freezes the clock while they boot or stop, and writes telemetry. `res
 (end of the file) is how a replacement node, whose disk is new, gets the run's newest committed
 checkpoint from the object store.
 
+When the clock runs (the same rule as the simulator's, "a step of training is time"): every
+training step is on the clock, the others are this machine's seconds and frozen.
+- Boot: frozen from the launch until the trainer's first step (by then its SIGTERM handler is in
+  place), then the clock jumps the changeover plus the wall time since its `run_start` (restored,
+  entering its step loop) at replay speed (`boot_jump_s`): its first step is on the clock, with
+  the process's first-step warm-up, a per-launch cost that `benchmarks/fidelity_calibrate.py`
+  measures and adds to the simulator's changeover. (Until wave 5 the clock waited for the first
+  step and jumped the changeover only: that step was free. With the scored runs' own step
+  speeds the simulator then predicted 0.8-1.3 steps more than measured for 1 launch, 1.7-3.1
+  for 2, 2.8-5.2 for 3: one step a launch plus about half a step a notice, below.)
+- Stop (reclaim notice, release, move): the trainer finishes its step in flight on the clock
+  (`finishing_step`; at most to the next tick boundary and `notice_s` past the notice), then the
+  clock is frozen from its `preemption`/`run_end` event through its save and exit, billed as a
+  shutdown (below). (Frozen at the notice, the step in flight was free: about half a step a
+  notice.)
+- The allocation policy's `act` runs on the wall clock between polls, but takes under a
+  millisecond a tick (0.5 ms mean, 3.7 ms worst, 18 calls in a 60-step multi-zone run over 9
+  zones, measured), so it neither delays nor slows training here.
+
 Event sequence (a typical run, the 2023-02 us-east-1a trace):
 tick 0: policy -> spot (launch; trainer process boots, clock frozen; changeover 360 s billed)
 -> tick 4: spot gone -> SIGTERM to the trainer's pid -> it checkpoints ("preemption") and exits
@@ -171,6 +190,12 @@ class _Trainer:
     stop_reason: str = ""
     notice_monotonic: float | None = None
     kill_at_monotonic: float | None = None
+    # Told to stop (SIGTERM) at this wall time (time.time(), as telemetry) and at this clock
+    # time; `left_loop`: it has since left its step loop (its `preemption` or `run_end` event).
+    stop_wall_s: float | None = None
+    stop_clock_s: float | None = None
+    left_loop: bool = False
+    loop_start_wall_s: float | None = None  # its `run_start` (restored), time.time()
     killed: bool = False
 
 
@@ -281,7 +306,13 @@ class _Emulation:
             return
         for event in read_run_events(self.telemetry_dir, rank=0):
             kind = event["type"]
-            if kind == "step":
+            if kind == "run_start":
+                # Restored, entering its step loop: from here its time is training time
+                # (`boot_jump_s`), though the clock waits for its first step (then its SIGTERM
+                # handler is in place, so a notice checkpoints instead of killing it).
+                if self.trainer is not None and event["wall_time_s"] >= self.trainer.spawn_wall_s:
+                    self.trainer.loop_start_wall_s = event["wall_time_s"]
+            elif kind == "step":
                 self.steps = max(self.steps, int(event["step"]))
                 if self.trainer is not None and event["wall_time_s"] >= self.trainer.spawn_wall_s:
                     self.trainer.ready = True
@@ -291,6 +322,10 @@ class _Emulation:
                 self.checkpoint_step, self.checkpoint_path = int(event["step"]), event["path"]
             elif kind == "eval":
                 self.final_eval_loss = event["eval_loss"]
+            if (kind in ("preemption", "run_end") and self.trainer is not None
+                    and self.trainer.stop_wall_s is not None
+                    and event["wall_time_s"] >= self.trainer.stop_wall_s):
+                self.trainer.left_loop = True
         trainer = self.trainer
         if (self.freeze_after_last_step and self.steps >= self.max_steps and trainer is not None
                 and trainer.ready and self.last_step_s is None):
@@ -374,6 +409,7 @@ class _Emulation:
             return
         trainer.stop_reason = reason
         self.note_notice(trainer)
+        trainer.stop_wall_s, trainer.stop_clock_s = time.time(), self.clock.now_s
         trainer.kill_at_monotonic = time.monotonic() + self.notice_wall_s
         if trainer.process.poll() is None:
             os.kill(trainer.process.pid, signal.SIGTERM)
@@ -526,15 +562,49 @@ class _Emulation:
 
     def advance(self, target_s: float) -> None:
         """Move the clock, handling each tick; stop (freeze) when a process boots or stops."""
-        for tick in self.clock.advance_to(target_s):
+        for tick in self.clock.advance_to(self.capped(target_s)):
             self.on_tick(tick)
-            if self.frozen:
+            if self.frozen or self.finishing_step:
                 return
+
+    def boot_jump_s(self, trainer: _Trainer, now_wall_s: float) -> float:
+        """Emulated seconds the clock moves when a trainer is seen booted (its first step): the
+        changeover, plus the wall time since its `run_start` at replay speed, so that its first
+        step(s) are on the clock like every later one (the simulator trains from the end of the
+        changeover). Without the second term that step was free: about one step a launch."""
+        since_loop_s = (max(0.0, now_wall_s - trainer.loop_start_wall_s)
+                        if trainer.loop_start_wall_s is not None else 0.0)
+        return self.rules.changeover_s + since_loop_s * self.clock.emulated_per_wall_s
+
+    @property
+    def finishing_step(self) -> bool:
+        """A booted trainer told to stop still runs its step in flight (it has not written its
+        `preemption`/`run_end` event): that is training, so the clock runs (`capped`)."""
+        trainer = self.trainer
+        return (trainer is not None and trainer.ready and trainer.stop_clock_s is not None
+                and not trainer.left_loop and self.last_step_s is None)
+
+    def capped(self, target_s: float) -> float:
+        """While a stopping trainer finishes its step in flight, the clock runs at most to the
+        next tick boundary and at most `notice_s` past the notice (a trainer that ignores the
+        notice trains on until it is killed; that work is lost, not timed)."""
+        trainer = self.trainer
+        if not self.finishing_step or trainer is None or trainer.stop_clock_s is None:
+            return target_s
+        limit = min(self.clock.next_tick * self.clock.tick_s,
+                    trainer.stop_clock_s + self.rules.notice_s) - 1e-6
+        return max(self.clock.now_s, min(target_s, limit))
 
     @property
     def frozen(self) -> bool:
         """The clock waits while a trainer boots or shuts down, or a launch waits for it (and,
-        with `freeze_after_last_step`, from the last step until the trainer exits)."""
+        with `freeze_after_last_step`, from the last step until the trainer exits). It runs
+        while a trainer told to stop finishes its step in flight (`finishing_step`): the step
+        is work on the clock, as every step (frozen, it was free: measured about half a step
+        a notice); its save and exit are this machine's seconds (frozen, billed as a
+        shutdown)."""
+        if self.finishing_step:
+            return False
         trainer = self.trainer
         return self.pending_launch or (trainer is not None and (
             not trainer.ready or trainer.kill_at_monotonic is not None
@@ -560,8 +630,9 @@ class _Emulation:
                 if not trainer.ready:
                     self.read_progress()
                     if trainer.ready:
-                        # Booted: the emulated node's changeover (launch + restore) has passed.
-                        self.advance(self.clock.now_s + self.rules.changeover_s)
+                        # Booted: the emulated node's changeover (launch + restore) has passed,
+                        # and its steps so far ran on the clock (`boot_jump_s`).
+                        self.advance(self.clock.now_s + self.boot_jump_s(trainer, time.time()))
                 return
         if not trainer.killed:
             self.node_down(trainer)
