@@ -85,7 +85,9 @@ def run(steps: int, preempt_at_step: int, fast_every_steps: int, work_dir: Path)
                  else "pystdlib")
     shards.build_shards(partition, settings.data_dir(), work_dir / "shards" / partition)
     examples = shards.load_shards(work_dir / "shards" / partition)
-    config = loop.TrainConfig(max_steps=steps, micro_batch_size=32, grad_accum_steps=1,
+    # Two accumulation steps: the trainer measures the gradient noise scale from them, which
+    # the batch heuristic needs to move (it no longer splits a single-step batch itself).
+    config = loop.TrainConfig(max_steps=steps, micro_batch_size=16, grad_accum_steps=2,
                               eval_every_steps=50, fast_every_steps=fast_every_steps,
                               checkpoint_every_steps=50, price_usd_per_hour=3.06,
                               instance_type="p3.2xlarge", run_id="fast-layer-bench")

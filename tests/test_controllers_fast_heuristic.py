@@ -65,11 +65,12 @@ def test_batch_never_halves_below_the_run_start_under_a_step_budget():
 
 
 def test_single_accumulation_step_is_split_so_the_noise_scale_can_be_measured():
-    a = HeuristicFastPolicy().act(obs(micro_batch_size=32, grad_accum_steps=1))
+    a = HeuristicFastPolicy(FastHeuristicConfig(min_grad_accum_steps=2)).act(
+        obs(micro_batch_size=32, grad_accum_steps=1))
     assert (a.micro_batch_size, a.grad_accum_steps, a.learning_rate) == (16, 2, 1e-3)
     assert "measure the noise scale" in a.reason
-    kept = HeuristicFastPolicy(FastHeuristicConfig(min_grad_accum_steps=1)).act(
-        obs(micro_batch_size=32, grad_accum_steps=1))
+    # The default keeps a single-step batch whole: splitting slows every step.
+    kept = HeuristicFastPolicy().act(obs(micro_batch_size=32, grad_accum_steps=1))
     assert (kept.micro_batch_size, kept.grad_accum_steps) == (32, 1)
 
 
