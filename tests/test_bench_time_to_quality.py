@@ -77,3 +77,14 @@ def test_every_evaluation_step_gets_a_cpu_reading(eval_every):
     examples = synthetic_examples(kind="image")
     config = train_config(workload, examples, seed=0, run_id="r")
     assert config.eval_every_steps % config.fast_every_steps == 0
+
+
+def test_runs_are_interleaved_so_no_setting_always_runs_first():
+    """Run order biased the CPU measure (the fixed schedule always ran first): levers rotate."""
+    from benchmarks.time_to_quality.suite import interleaved
+
+    order = interleaved(("w",), ["fixed", "a", "b"], (0, 1, 2))
+    assert sorted((lever, seed) for _, lever, seed in order) == sorted(
+        (lever, seed) for lever in ("fixed", "a", "b") for seed in (0, 1, 2))
+    firsts = [order[i][1] for i in range(0, 9, 3)]
+    assert firsts == ["fixed", "a", "b"]

@@ -122,7 +122,9 @@ def render_markdown(payload: dict[str, Any], plotted: bool) -> str:
     parts = ["# Time to quality: training levers against the fixed schedule", "",
              f"{len(payload['seeds'])} seeds per setting; one torch thread per run; "
              f"{len(payload['runs'])} runs, {run_wall_min:.0f} min of run wall time in all (on a "
-             "shared 2-core machine: wall times are not the measure, thread CPU time is)."
+             "shared 2-core machine: wall times are not the measure, thread CPU time is). Each "
+             "process first trains every workload untimed (20 steps), and the settings run in an "
+             "order rotated per seed, so that no setting always runs first."
              + (f" Runs taken from {', '.join(reused)}." if reused else "")
              + (" QUICK MODE: tiny models, not a result." if payload["quick"] else ""), "",
              METHOD.format(price=price["usd_per_hour"], instance=price["instance"],
