@@ -230,8 +230,11 @@ class HeuristicFastPolicy:
         batch_reason = batch.reason
         if (cfg.keep_start_batch_floor and batch.direction < 0
                 and batch.global_batch < self._start_global):
-            batch_reason += (f"; not below the run's starting batch {self._start_global}: with a "
-                             "step budget fewer samples would cost quality")
+            # The scaler's text names the halving it proposed ("batch 32->16"); say it was not done.
+            batch_reason = (f"{batch_reason.replace('->', ' would halve to ')}; kept at "
+                            f"{current_global}: not below the run's starting batch "
+                            f"{self._start_global}, with a step budget fewer samples would cost "
+                            "quality")
             batch = dataclasses.replace(batch, direction=0, global_batch=current_global)
         if batch.direction != 0:
             # A run that measures its noise scale through accumulation keeps measuring it.

@@ -55,6 +55,8 @@ def test_batch_never_halves_below_the_run_start_under_a_step_budget():
     first = policy.act(obs(grad_noise_scale=10.0))  # the start batch, 64, is the floor
     assert (first.micro_batch_size, first.grad_accum_steps) == (16, 2)
     assert first.learning_rate == 1e-3 and "starting batch 64" in first.reason
+    # The reason says the halving was refused, not that it happened.
+    assert "kept at 64" in first.reason and "64->32" not in first.reason
     grown = policy.act(obs(grad_noise_scale=1000.0))  # growing adds samples: allowed
     assert grown.numbers["global_batch"] == 128
     back = policy.act(obs(micro_batch_size=grown.micro_batch_size,
