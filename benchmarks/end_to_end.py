@@ -280,9 +280,10 @@ replayed steps + node time billed after a notice + the changeover of each forced
 checkpoint overhead = trainer blocked by periodic saves."""
 
 TRAINWISE_IS = """trainwise here = allocation heuristic + live checkpoint interval (Young/Daly) + the fast
-heuristic in the trainer (batch from the noise scale, answer to the notice). The preemption risk
-the fast heuristic sees is 0 (no risk reaches the emulated trainer yet; the worker takes a job
-key "preemption_risk" that `trainwise.emulated.run_emulated` does not write)."""
+heuristic in the trainer (batch from the noise scale, answer to the notice, and a checkpoint when
+the preemption risk says the last one is too old). Each trainer's fast layer starts with the
+train job's risk rule (`trainwise.slow_tick.preemption_risk`: reclaims seen so far over the time
+observed, on the trainer's clock; `_Emulation.trainer_risk`)."""
 
 
 def quality_note(rows: list[dict[str, Any]]) -> str:

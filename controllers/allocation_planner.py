@@ -239,19 +239,26 @@ def _plan_age_edges(edges: tuple[float, ...], dt_s: float, fine_until_s: float
     return tuple(out)
 
 
-def solve_plan(model: PreemptionRiskModel, zone: str, spot_nodes: int, inputs: PlanInputs
-               ) -> SlackPlan:
-    """Backward induction over `inputs.steps` steps; see the module docstring for the model."""
+def solve_plan(model: PreemptionRiskModel, zone: str, spot_nodes: int, inputs: PlanInputs,
+               regime: RunRegime | None = None) -> SlackPlan:
+    """Backward induction over `inputs.steps` steps; see the module docstring for the model.
+    With a `regime` (one zone, no hop), the availability state also carries the run regime
+    (`_regime_transitions`); `SlackPlan.decide` then takes the regime the run is in."""
     if inputs.steps < 1 or not inputs.dt_s > 0:
         raise ValueError(f"a plan needs steps >= 1 and dt_s > 0, got {inputs.steps}, "
                          f"{inputs.dt_s}")
+    if regime is not None and inputs.hop_probability:
+        raise ValueError("a plan with a run regime models one zone: hop_probability must be 0")
     curve = model.curve(zone, spot_nodes, UP)
     age_edges = _plan_age_edges(tuple(curve.age_edges_s), inputs.dt_s, inputs.fine_age_until_s)
     bins = len(age_edges)
-    p, end = _transitions(model, zone, spot_nodes, inputs.dt_s, age_edges,
-                          inputs.hop_probability, inputs.zones)
-    up_mask = np.zeros(2 * bins, dtype=bool)
-    up_mask[:bins] = True
+    regimes = 1 if regime is None else 3
+    size = 2 * bins * regimes
+    p, end, after_state = _regime_transitions(model, zone, spot_nodes, inputs.dt_s, age_edges,
+                                              inputs.hop_probability, inputs.zones, regime)
+    up_mask = np.zeros(size, dtype=bool)
+    for block in range(regimes):
+        up_mask[2 * bins * block:2 * bins * block + bins] = True
     # Transitions that keep spot: survive the step (the hop after an end is a new run).
     p_stay_up = p * up_mask[None, :]
     p_stay_up[np.arange(bins), 0] -= end[:bins] * inputs.hop_probability
@@ -267,9 +274,9 @@ def solve_plan(model: PreemptionRiskModel, zone: str, spot_nodes: int, inputs: P
 
     steps = inputs.steps
     shift_dt, shift_c, shift_save = (_Shift(n_slack, x / unit) for x in (dt, c, save))
-    decisions = np.zeros((steps + 1, 3, 2 * bins, n_slack), dtype=np.int8)
-    values = np.zeros((steps + 1, 3, 2 * bins, n_slack), dtype=np.float32)
-    v = np.zeros((3, 2 * bins, n_slack))  # k = 0: the deadline; anything left is missed
+    decisions = np.zeros((steps + 1, 3, size, n_slack), dtype=np.int8)
+    values = np.zeros((steps + 1, 3, size, n_slack), dtype=np.float32)
+    v = np.zeros((3, size, n_slack))  # k = 0: the deadline; anything left is missed
     down_up = ~up_mask
     # The three held modes are solved together, each elementwise step as in a loop over modes
     # (same arithmetic, same results): a mode's release cost, and which option keeps its set.
@@ -284,7 +291,10 @@ def solve_plan(model: PreemptionRiskModel, zone: str, spot_nodes: int, inputs: P
         ev_idle = p @ v[IDLE]
         ev_od = p @ v[ON_DEMAND]
         # Preempted: idle, after the notice save, with another zone up (hop) or none.
-        after = q_hop * v[IDLE][0:1] + (1 - q_hop) * v[IDLE][bins:bins + 1]
+        if regime is None:
+            after = q_hop * v[IDLE][0:1] + (1 - q_hop) * v[IDLE][bins:bins + 1]
+        else:  # the down spell starts in the regime the ended run's length sets
+            after = v[IDLE][after_state]
         preempted = shift_save(after, miss_usd)
         ev_spot = p_stay_up @ v[SPOT] + end[:, None] * preempted
         q_idle = shift_dt(ev_idle, miss_usd)
@@ -315,4 +325,4 @@ def solve_plan(model: PreemptionRiskModel, zone: str, spot_nodes: int, inputs: P
         new_v[SPOT][down_up] = new_v[IDLE][down_up]
         v = new_v
         values[k] = v
-    return SlackPlan(inputs, age_edges, decisions, values)
+    return SlackPlan(inputs, age_edges, decisions, values, regimes)

@@ -120,13 +120,42 @@ def test_fast_policy_reaches_the_trainers_job_json(tmp_path, monkeypatch):
     job, writer = emulation(tmp_path, [a], Scripted([spot("us-east-1a")]))
     job.fast_policy = "heuristic"
     with writer:
+        run_ticks(job, 0)  # the spot node is launched
         job.spawn()
     written = json.loads((tmp_path / "emulated" / "job-000.json").read_text())
     assert written["fast_policy"] == "heuristic"
+    # No reclaim seen yet: the train job's rule counts half a reclaim (spot is not risk-free).
+    assert 0.0 < written["preemption_risk"] < 1.0
     job.fast_policy = None
     with SegmentWriter(tmp_path / "telemetry", "t", rank=emu.PROVIDER_RANK) as job.writer:
         job.spawn()
-    assert json.loads((tmp_path / "emulated" / "job-001.json").read_text())["fast_policy"] is None
+    second = json.loads((tmp_path / "emulated" / "job-001.json").read_text())
+    assert second["fast_policy"] is None and "preemption_risk" not in second
+
+
+def test_each_new_trainer_gets_the_risk_of_the_reclaims_seen_so_far(tmp_path, monkeypatch):
+    """The emulated trainer's fast layer sees the train job's risk rule, on its own clock."""
+    import subprocess
+
+    from trainwise.slow_tick import preemption_risk
+
+    class FakeProcess:
+        pid = 4243
+
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: FakeProcess())
+    a = market("us-east-1a", [1, 1], spot=0.9)
+    job, writer = emulation(tmp_path, [a], Scripted([spot("us-east-1a")]))
+    job.fast_policy = "heuristic"
+    with writer:
+        run_ticks(job, 0)  # the spot node is launched
+        job.spawn()
+        before = json.loads((tmp_path / "emulated" / "job-000.json").read_text())
+        job.preemption_times = (100.0, 200.0, 300.0)  # three reclaims seen
+        job.spawn()
+    after = json.loads((tmp_path / "emulated" / "job-001.json").read_text())
+    wall_s = job.clock.wall_s(job.clock.now_s)
+    assert after["preemption_risk"] == pytest.approx(preemption_risk(3, wall_s, 1))
+    assert after["preemption_risk"] > before["preemption_risk"]
 
 
 # -- real trainer processes over two real zones -----------------------------------------------

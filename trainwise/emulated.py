@@ -336,6 +336,22 @@ class _Emulation:
             self.note_notice(trainer)
 
     # -- processes --------------------------------------------------------------------------
+    def trainer_risk(self) -> float | None:
+        """The preemption risk a new trainer's fast layer starts with (None without a fast
+        layer): the train job's rule (`trainwise.slow_tick.preemption_risk`: reclaims seen so far
+        over the time observed, half a reclaim while none is seen, 0 on on-demand only), on the
+        trainer's clock. Trainers run at replay speed, so the observed time is the clock's
+        emulated seconds in this machine's seconds (`ReplayClock.wall_s`): the hazard per wall
+        second is the trace's, times `emulated_per_wall_s`, as the trainer lives it. Each
+        replacement trainer gets the risk with every reclaim so far counted."""
+        if self.fast_policy is None:
+            return None
+        from trainwise.slow_tick import preemption_risk
+
+        held = self.held
+        return preemption_risk(len(self.preemption_times), self.clock.wall_s(self.clock.now_s),
+                               held.spot_nodes if held is not None else 0)
+
     def spawn(self) -> None:
         """Start a trainer process, resuming from the newest checkpoint when there is one."""
         index = len(self.pids)
@@ -352,6 +368,9 @@ class _Emulation:
                "block_sigterm": self.trainer_ignores_notice,
                "store_dir": str(self.store_dir) if self.store_dir is not None else None,
                "store_key_prefix": self.store_key_prefix, "fast_policy": self.fast_policy}
+        risk = self.trainer_risk()
+        if risk is not None:
+            job["preemption_risk"] = risk
         job_path = folder / f"job-{index:03d}.json"
         job_path.write_text(json.dumps(job, indent=1))
         log = open(folder / f"worker-{index:03d}.log", "w")  # noqa: SIM115 (child owns it)
@@ -380,10 +399,13 @@ class _Emulation:
                      "from_checkpoint": self.checkpoint_path},
                     (f"trainer process {process.pid} started on {label}"
                      + (f", resuming from step {self.checkpoint_step}" if self.checkpoint_path
-                        else ", fresh run")),
+                        else ", fresh run")
+                     + (f"; its fast layer's preemption risk {risk:.3f} (reclaims so far "
+                        f"{len(self.preemption_times)})" if risk is not None else "")),
                     {"checkpoint_step": float(self.checkpoint_step),
                      "time_s": self.clock.now_s,
-                     "steps_to_replay": float(will_replay)})
+                     "steps_to_replay": float(will_replay),
+                     **({"preemption_risk": risk} if risk is not None else {})})
 
     def count_replays(self) -> replay.ReplayWaste:
         """Step events that re-ran an already recorded step, priced at the node of the trainer
