@@ -37,7 +37,9 @@ The policy sees the same numbers in both (`SameView`): the emulated trainer chec
 reach the emulated trainer), so the simulator's interval is pinned to that, and the observation's
 save cost and interval are the emulated run's.
 
-Writes benchmarks/results/fidelity.{md,json} and fidelity.png (predicted vs measured).
+Writes benchmarks/results/fidelity.{md,json} and fidelity.png (predicted vs measured). The
+windows are picked in `fidelity_windows.py`; the summaries, plot and markdown are
+`fidelity_report.py`.
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ from __future__ import annotations
 import argparse
 import math
 import re
-import statistics
 import sys
 import tempfile
 import time
@@ -56,149 +57,44 @@ from typing import Any
 import numpy as np
 
 from benchmarks.fidelity_calibrate import Calibration, calibrate, same_run
+
+# The windows and the report have their own modules; re-exported here, where the tests look
+# for the benchmark's names.
+from benchmarks.fidelity_report import (
+    GOAL_REL_ERR,
+    NOT_COVERED,
+    RULE_DIFFERENCES,
+    pct,
+    plot,
+    summarise,
+    summarise_by_kind,
+    to_markdown,
+)
+from benchmarks.fidelity_windows import (
+    CALIBRATION_WINDOWS,
+    GANG_FILES,
+    KINDS,
+    MULTI_ZONE_HOMES,
+    Window,
+    pick_gang_windows,
+    pick_multi_zone_windows,
+    pick_windows,
+    spot_dir,
+)
 from benchmarks.results_io import provenance, write_results
 from cloud import emulated as replay
 from cloud.policy_registry import make_policy
 from cloud.simulator import ClusterRules, JobSpec, Market, SimResult, simulate
-from cloud.traces import FOLDER_MEANING, load_trace
-from trainwise import settings
 from trainwise.emulated import EmulatedResult, risk_model_kwargs, run_emulated
+
+__all__ = ["CALIBRATION_WINDOWS", "KINDS", "Market", "SameView", "Window", "emulated_rules_adjustment",
+           "main", "make_policy", "pick_gang_windows", "pick_multi_zone_windows", "pick_windows",
+           "predict", "prediction", "rel_err", "sim_market", "summarise", "summarise_by_kind",
+           "to_markdown"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 NAME = "fidelity"
-GOAL_REL_ERR = 0.05
 DEADLINE_FACTOR = 2.0
-
-
-@dataclass(frozen=True)
-class Window:
-    """One scored window: a trace file (the home zone), the tick the replay starts at, the other
-    zones replayed with it (multi-zone) and the gang's node count."""
-
-    folder: str
-    zone_file: str
-    start_tick: int
-    kind: str  # SINGLE_ZONE, MULTI_ZONE or "gang-N"; why it was picked in `picked_for`
-    picked_for: str
-    other_zone_files: tuple[str, ...] = ()
-    nodes: int = 1
-
-    @property
-    def zone_files(self) -> list[str]:
-        """Every zone replayed, the home zone first."""
-        return [self.zone_file, *self.other_zone_files]
-
-    @property
-    def label(self) -> str:
-        extra = f" +{len(self.other_zone_files)} zones" if self.other_zone_files else ""
-        return f"{self.folder}/{self.zone_file}{extra} @{self.start_tick}"
-
-
-SINGLE_ZONE, MULTI_ZONE = "single-zone", "multi-zone"
-KINDS = (SINGLE_ZONE, MULTI_ZONE, "gang-4")
-# Multi-zone windows: every zone of this folder replayed together, homes in scored zones.
-MULTI_ZONE_FOLDER = "availability-1node-aws-2023-02"
-MULTI_ZONE_HOMES = (("us-east-1a_v100_1.json", 200), ("us-east-1d_v100_1.json", 2000),
-                    ("us-west-2a_v100_1.json", 4000))
-# 4-node gang windows: the 4-node trace (0..4 nodes up a tick), one zone each (the folder's files
-# are not known to start at the same instant, so they are not replayed side by side).
-GANG_FOLDER = "preemption-4node-aws-2023-08"
-GANG_NODES = 4
-GANG_FILES = (("us-east-1f_v100_1.json", 0), ("us-west-2c_v100_1.json", 0),
-              ("us-east-1f_v100_1.json", 1000))
-
-
-# Scored zones and calibration zones are disjoint (calibration runs on_demand, so the trace does
-# not matter to it, but keeping them apart makes that plain).
-CALIBRATION_WINDOWS = (("availability-1node-aws-2023-02", "us-west-2c_v100_1.json", 300),
-                       ("availability-1node-aws-2023-02", "us-east-2b_v100_1.json", 900),
-                       ("availability-1node-aws-2023-02", "us-west-2c_v100_1.json", 3000))
-SCORED_FILES = (("availability-1node-aws-2023-02", "us-east-1a_v100_1.json"),
-                ("availability-1node-aws-2023-02", "us-east-1c_v100_1.json"),
-                ("availability-1node-aws-2023-02", "us-east-1d_v100_1.json"),
-                ("availability-1node-aws-2023-02", "us-east-1f_v100_1.json"),
-                ("availability-1node-aws-2023-02", "us-east-2a_v100_1.json"),
-                ("availability-1node-aws-2023-02", "us-west-2a_v100_1.json"),
-                ("availability-1node-aws-2023-02", "us-west-2b_v100_1.json"),
-                ("availability-1node-aws-2022-10", "us-west-2a_v100_1.json"),
-                ("availability-1node-aws-2022-10", "us-west-2b_v100_1.json"),
-                ("preemption-1node-aws-2023-04", "us-east-1c_v100_1.json"),
-                ("preemption-1node-aws-2023-04", "us-west-2b_v100_1.json"),
-                ("preemption-1node-aws-2023-04", "us-east-1f_v100_1.json"))
-
-
-def spot_dir() -> Path:
-    return settings.data_dir() / "spot"
-
-
-def pick_windows(count: int) -> list[Window]:
-    """`count` windows, one per scored trace file in order, then a second pass: the first
-    window after tick 200 (pass 2: after tick 2000) where spot is up a few ticks and then
-    reclaimed (`find_drop_window`), so most windows meet a preemption; a file without one gives
-    its tick-200 window (steady market)."""
-    windows: list[Window] = []
-    passes = ((4, 200), (6, 2000), (3, 4000))
-    for up_ticks, min_start in passes:
-        for folder, zone_file in SCORED_FILES:
-            if len(windows) == count:
-                return windows
-            path = spot_dir() / folder / zone_file
-            if not path.is_file():
-                continue
-            trace = load_trace(path, FOLDER_MEANING[folder])
-            try:
-                start = replay.find_drop_window(trace.available, up_ticks=up_ticks,
-                                                max_down_ticks=10, min_start=min_start)
-                why = f"spot up {up_ticks} ticks then reclaimed (first after tick {min_start})"
-            except ValueError:
-                start, why = min_start, "no drop window: steady market from tick " f"{min_start}"
-            windows.append(Window(folder, zone_file, start, SINGLE_ZONE, why))
-    return windows
-
-
-def pick_multi_zone_windows(count: int) -> list[Window]:
-    """`count` windows over every zone of MULTI_ZONE_FOLDER at once: the home zone's first window
-    after its `min_start` where spot is up 4 ticks then reclaimed (other zones may still have
-    spot, so a policy can move)."""
-    folder = spot_dir() / MULTI_ZONE_FOLDER
-    if not folder.is_dir():
-        return []
-    files = sorted(p.name for p in folder.glob("*.json"))
-    windows = []
-    for home, min_start in MULTI_ZONE_HOMES[:count]:
-        trace = load_trace(folder / home, FOLDER_MEANING[MULTI_ZONE_FOLDER])
-        start = replay.find_drop_window(trace.available, up_ticks=4, max_down_ticks=10,
-                                        min_start=min_start)
-        windows.append(Window(MULTI_ZONE_FOLDER, home, start, MULTI_ZONE,
-                              f"home zone's spot up 4 ticks then reclaimed (first after tick "
-                              f"{min_start}); all {len(files)} zones replayed",
-                              tuple(f for f in files if f != home)))
-    return windows
-
-
-def gang_drop_start(available: np.ndarray, nodes: int, min_start: int) -> int:
-    """First tick s >= `min_start` where all `nodes` were up for 4 ticks from s (fewer at s - 1)
-    and then exactly one node went: a one-node reclaim of a full gang."""
-    values = np.asarray(available)
-    for s in range(max(1, min_start), values.shape[0] - 5):
-        if values[s - 1] < nodes and values[s: s + 4].min() >= nodes and values[s + 4] == nodes - 1:
-            return s
-    raise ValueError(f"no one-node drop of a full {nodes}-node gang after tick {min_start}")
-
-
-def pick_gang_windows(count: int) -> list[Window]:
-    """`count` 4-node gang windows on GANG_FOLDER: all 4 nodes up 4 ticks, then one reclaimed."""
-    windows = []
-    for zone_file, min_start in GANG_FILES[:count]:
-        path = spot_dir() / GANG_FOLDER / zone_file
-        if not path.is_file():
-            continue
-        trace = load_trace(path, FOLDER_MEANING[GANG_FOLDER])
-        start = gang_drop_start(trace.available, GANG_NODES, min_start)
-        windows.append(Window(GANG_FOLDER, zone_file, start, f"gang-{GANG_NODES}",
-                              f"all {GANG_NODES} nodes up 4 ticks, then one reclaimed (first "
-                              f"after tick {min_start})", (), GANG_NODES))
-    return windows
 
 
 class SameView:
@@ -461,183 +357,6 @@ def prediction(emulated: EmulatedResult, window: Window, cal: Calibration, polic
                       "checkpoint_node_s": sim.checkpoint_node_s,
                       "lost_node_s": sim.lost_node_s, "completion_usd": sim.completion_usd},
     }
-
-
-def summarise(rows: list[dict[str, Any]], prefix: str = "") -> dict[str, Any]:
-    """Median and worst absolute relative errors over the windows (`prefix` "same_run_": the
-    same-run calibration's)."""
-    rows = [{k[len(prefix):]: v for k, v in r.items() if k.startswith(prefix)} for r in rows]
-    out: dict[str, Any] = {}
-    for key in ("cost", "completion"):
-        errs = [abs(r["rel_err"][key]) for r in rows if np.isfinite(r["rel_err"][key])]
-        out[key] = {"median_abs_rel_err": statistics.median(errs) if errs else None,
-                    "worst_abs_rel_err": max(errs) if errs else None,
-                    "windows_within_goal": sum(e <= GOAL_REL_ERR for e in errs),
-                    "windows": len(rows)}
-    out["preemptions_exact"] = sum(r["preemptions_diff"] == 0 for r in rows)
-    out["simulator_refused"] = sum("simulator_error" in r for r in rows)
-    out["goal_met"] = all(abs(r["rel_err"][k]) <= GOAL_REL_ERR for r in rows
-                          for k in ("cost", "completion"))
-    return out
-
-
-def summarise_by_kind(rows: list[dict[str, Any]], prefix: str = "") -> dict[str, Any]:
-    """`summarise` over each kind of window (single-zone, multi-zone, gang-4) apart."""
-    kinds = dict.fromkeys(r["window"]["kind"] for r in rows)
-    return {kind: summarise([r for r in rows if r["window"]["kind"] == kind], prefix)
-            for kind in kinds}
-
-
-MARKERS = {SINGLE_ZONE: "o", MULTI_ZONE: "s"}  # gang windows: "^"
-
-
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
-    for ax, key, label in ((axes[0], "cost_usd", "cost (USD)"),
-                           (axes[1], "completion_s", "completion time (emulated s)")):
-        pairs = [(r["measured"][key], r["predicted"][key], r["window"]["kind"]) for r in rows
-                 if np.isfinite(r["measured"][key]) and np.isfinite(r["predicted"][key])]
-        if not pairs:
-            continue
-        x, y = [a for a, _, _ in pairs], [b for _, b, _ in pairs]
-        for kind in dict.fromkeys(k for _, _, k in pairs):
-            ax.scatter([a for a, _, k in pairs if k == kind], [b for _, b, k in pairs if k == kind],
-                       s=28, marker=MARKERS.get(kind, "^"), label=kind)
-        lo, hi = min(x + y), max(x + y)
-        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="predicted = measured")
-        ax.fill_between([lo, hi], [lo * 0.95, hi * 0.95], [lo * 1.05, hi * 1.05], alpha=0.15,
-                        label="within 5%")
-        ax.set_xlabel(f"measured {label} (emulated run)")
-        ax.set_ylabel(f"predicted {label} (simulator)")
-        ax.legend(fontsize=8)
-    fig.suptitle("Simulator vs emulated run, per window")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def pct(x: float | None) -> str:
-    return "n/a" if x is None or not np.isfinite(x) else f"{100 * x:+.1f}%"
-
-
-def err_row(label: str, e: dict[str, Any]) -> str:
-    return (f"| {label} | {pct(e['median_abs_rel_err'])} | {pct(e['worst_abs_rel_err'])} "
-            f"| {e['windows_within_goal']}/{e['windows']} |")
-
-
-def to_markdown(payload: dict[str, Any]) -> str:
-    s, cal = payload["summary"], payload["calibration"]
-    rows = "\n".join(
-        f"| {r['window']['kind']} | {window_label(r['window'])} "
-        f"| {r['predicted']['cost_usd']:.4f} | {r['measured']['cost_usd']:.4f} "
-        f"| {pct(r['rel_err']['cost'])} | {r['predicted']['completion_s']:.0f} "
-        f"| {r['measured']['completion_s']:.0f} | {pct(r['rel_err']['completion'])} "
-        f"| {r['predicted']['preemptions']} | {r['measured']['preemptions']} |"
-        for r in payload["windows"])
-    verdict = "MET" if s["goal_met"] else "NOT MET"
-    c, t = s["cost"], s["completion"]
-    by_kind = "\n".join(
-        f"| {kind} | {pct(k['cost']['median_abs_rel_err'])} | {pct(k['cost']['worst_abs_rel_err'])} "
-        f"| {pct(k['completion']['median_abs_rel_err'])} "
-        f"| {pct(k['completion']['worst_abs_rel_err'])} "
-        f"| {k['cost']['windows_within_goal']}/{k['cost']['windows']} "
-        f"| {k['preemptions_exact']}/{k['cost']['windows']} |"
-        for kind, k in payload["summary_by_kind"].items())
-    kinds = ", ".join(f"{sum(r['window']['kind'] == kind for r in payload['windows'])} {kind}"
-                      for kind in payload["summary_by_kind"])
-    return f"""# Fidelity: simulator vs emulated run
-
-Policy `{payload['policy']}`, {payload['steps']} steps a run, {len(payload['windows'])} windows
-({kinds}). Measured: real trainer processes on the emulated provider replaying the
-real trace at {payload['seconds_per_tick']} s of wall time per tick. Predicted:
-`cloud.simulator.simulate` on the same window, job and policy.
-
-Goal (issue 10): cost and completion time within 5% per window: **{verdict}**.
-
-| error (abs, relative) | median | worst | windows within 5% |
-|---|---|---|---|
-{err_row("cost", c)}
-{err_row("completion time", t)}
-{err_row("cost, same-run calibration", payload["summary_same_run"]["cost"])}
-{err_row("completion, same-run calibration", payload["summary_same_run"]["completion"])}
-| preemptions exact | {s['preemptions_exact']}/{c['windows']} | | |
-
-Per kind (headline calibration):
-
-| kind | cost median | cost worst | completion median | completion worst \
-| cost within 5% | preemptions exact |
-|---|---|---|---|---|---|---|
-{by_kind}
-
-Calibration ({cal['method']}): step {cal['step_s']:.1f} emulated s ({cal['step_wall_s']:.4f} wall s),
-checkpoint save {cal['save_s']:.1f} s, changeover {cal['changeover_s']:.0f} s,
-checkpoint interval {cal['checkpoint_interval_s']:.0f} s, training {cal['run_s']:.0f} s a run,
-{tail_text(cal)}
-The same on-demand job run {len(cal['runs'])} times finished at
-{', '.join(f"{r['finish_s']:.0f}" for r in cal['runs'])} emulated s: the emulated run's own
-run-to-run spread on this machine, a floor under any cross-run error.
-Same-run calibration: the scored run's own step gaps, saves and tail (trainer telemetry wall
-times; its cost, completion and preemptions are not read), which removes that drift.
-
-| kind | window | cost pred | cost meas | err | completion pred (s) | completion meas (s) \
-| err | preempt pred | preempt meas |
-|---|---|---|---|---|---|---|---|---|---|
-{rows}
-
-Kinds: single-zone (one node, one zone); multi-zone (one node, every zone of
-{MULTI_ZONE_FOLDER} replayed together, the policy may move between them, each move a
-changeover); gang-4 (a 4-node gang on {GANG_FOLDER}, one zone; each node billed, a
-one-node reclaim releases the gang). Not covered: {NOT_COVERED}
-Known rule differences: {payload['rule_differences']}
-
-![predicted vs measured](fidelity.png)
-"""
-
-
-NOT_COVERED = (
-    "the gang's 4 ranks are ONE trainer process in the emulated run (standing for the gang's work "
-    "at the full gang's rate; `trainwise.gang.TorchrunGang` runs real ranks but replaces a lost "
-    "node in place rather than following an allocation policy), so rank skew, stragglers and "
-    "all-reduce cost are not measured; a gang across several zones (the 4-node trace's files are "
-    "not known to start at the same instant) and node faults are not replayed.")
-
-
-def window_label(window: dict[str, Any]) -> str:
-    extra = (f" +{len(window['other_zone_files'])} zones"
-             if window.get("other_zone_files") else "")
-    return f"{window['folder']}/{window['zone_file']}{extra} @{window['start_tick']}"
-
-
-def tail_text(cal: dict[str, Any]) -> str:
-    if cal.get("tail_frozen"):
-        return ("tail: the clock is frozen from the last step until the trainer exits (final "
-                "eval, checkpoint, exit: this machine's seconds, as a boot), the final set billed "
-                "for it as for a shutdown (the 120 s notice at most, which it always reaches): "
-                "the simulator's finish plus that bill, a rule on both sides, not a fit.")
-    return (f"tail (last trainer's exit after its final checkpoint, on the clock) "
-            f"{cal['tail_s']:.0f} s.")
-
-
-RULE_DIFFERENCES = (
-    "the emulated notice arrives at the tick boundary and the stopped node is billed until its "
-    "trainer exits (at most the 120 s notice), where the simulator ends the bill at the boundary "
-    "and takes the save from the previous tick's work (the same for a set left for another zone "
-    "or kind: billed to its trainer's exit, where the simulator bills one save; both added to "
-    "the prediction). Every training step is on the emulated clock, as in the simulator: the "
-    "first step after a boot (free until wave 5, about one step a launch: the single-zone "
-    "windows' +3..+10%) and the step in flight at a notice (free until wave 5, about half a "
-    "step a notice); a fresh process's first-step warm-up is measured and added to the "
-    "simulator's changeover. Left: after a reclaim the emulated trainer's step in flight is "
-    "work past the reclaim instant (the notice arrives at the boundary), where the simulator "
-    "takes the save from the previous tick; it shows only when the policy waits a tick "
-    "before relaunching (a relaunch's changeover starts after that step). The policy's "
-    "compute is not a cause: under 1 ms a tick, 9 zones included (measured).")
 
 
 def main(argv: list[str]) -> int:
