@@ -145,18 +145,24 @@ def _ce_and_el2n(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.
 
 
 def _logreg_scores(examples: ExampleSet) -> tuple[np.ndarray, np.ndarray]:
-    features = examples.inputs.reshape(len(examples.inputs), -1).astype(np.float32) / 255.0
+    # The fit runs in torch, on the caller's torch threads: numpy's BLAS starts its own threads
+    # (two on a 2-core machine), whose CPU a caller timing its thread (time_to_quality charges
+    # these scores to the pruning lever, one thread) would not see: half the fit went uncounted.
+    import torch
+
+    features = torch.from_numpy(
+        examples.inputs.reshape(len(examples.inputs), -1).astype(np.float32) / 255.0)
     labels = examples.labels
-    train = examples.train_positions
+    train = torch.from_numpy(np.asarray(examples.train_positions, dtype=np.int64))
     x_train = features[train]
-    targets = np.eye(N_CLASSES, dtype=np.float32)[labels[train]]
-    weights = np.zeros((features.shape[1], N_CLASSES), dtype=np.float32)
-    bias = np.zeros(N_CLASSES, dtype=np.float32)
+    targets = torch.from_numpy(np.eye(N_CLASSES, dtype=np.float32)[labels[train.numpy()]])
+    weights = torch.zeros((features.shape[1], N_CLASSES))
+    bias = torch.zeros(N_CLASSES)
     for _ in range(PROXY_STEPS):
-        grad = (_softmax(x_train @ weights + bias) - targets) / len(train)
+        grad = (torch.softmax(x_train @ weights + bias, dim=1) - targets) / len(train)
         weights -= PROXY_LR * (x_train.T @ grad + PROXY_L2 * weights)
-        bias -= PROXY_LR * grad.sum(axis=0)
-    probs = _softmax((features @ weights + bias).astype(np.float64))
+        bias -= PROXY_LR * grad.sum(dim=0)
+    probs = _softmax((features @ weights + bias).numpy().astype(np.float64))
     return _ce_and_el2n(probs, labels)
 
 
