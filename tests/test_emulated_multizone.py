@@ -108,8 +108,8 @@ def test_an_unknown_zone_names_the_zones_replayed(tmp_path):
         run_ticks(job, 0)
 
 
-def test_fast_policy_reaches_the_trainers_job_json(tmp_path, monkeypatch):
-    """`fast_policy` is written into the trainer's job file (a fake process stands for it)."""
+def _spot_job_with_fake_trainers(tmp_path, monkeypatch):
+    """A job on one spot zone whose trainer processes are fakes (spawn writes the job file)."""
     import subprocess
 
     class FakeProcess:
@@ -119,40 +119,40 @@ def test_fast_policy_reaches_the_trainers_job_json(tmp_path, monkeypatch):
     a = market("us-east-1a", [1, 1], spot=0.9)
     job, writer = emulation(tmp_path, [a], Scripted([spot("us-east-1a")]))
     job.fast_policy = "heuristic"
+    return job, writer
+
+
+def _job_file(tmp_path, index: int) -> dict:
+    return json.loads((tmp_path / "emulated" / f"job-{index:03d}.json").read_text())
+
+
+def test_fast_policy_reaches_the_trainers_job_json(tmp_path, monkeypatch):
+    """`fast_policy` is written into the trainer's job file (a fake process stands for it)."""
+    job, writer = _spot_job_with_fake_trainers(tmp_path, monkeypatch)
     with writer:
         run_ticks(job, 0)  # the spot node is launched
         job.spawn()
-    written = json.loads((tmp_path / "emulated" / "job-000.json").read_text())
-    assert written["fast_policy"] == "heuristic"
-    # No reclaim seen yet: the train job's rule counts half a reclaim (spot is not risk-free).
-    assert 0.0 < written["preemption_risk"] < 1.0
-    job.fast_policy = None
-    with SegmentWriter(tmp_path / "telemetry", "t", rank=emu.PROVIDER_RANK) as job.writer:
+        written = _job_file(tmp_path, 0)
+        assert written["fast_policy"] == "heuristic"
+        # No reclaim seen yet: the train job's rule counts half a reclaim (spot is not risk-free).
+        assert 0.0 < written["preemption_risk"] < 1.0
+        job.fast_policy = None
         job.spawn()
-    second = json.loads((tmp_path / "emulated" / "job-001.json").read_text())
+    second = _job_file(tmp_path, 1)
     assert second["fast_policy"] is None and "preemption_risk" not in second
 
 
 def test_each_new_trainer_gets_the_risk_of_the_reclaims_seen_so_far(tmp_path, monkeypatch):
     """The emulated trainer's fast layer sees the train job's risk rule, on its own clock."""
-    import subprocess
-
     from trainwise.slow_tick import preemption_risk
 
-    class FakeProcess:
-        pid = 4243
-
-    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: FakeProcess())
-    a = market("us-east-1a", [1, 1], spot=0.9)
-    job, writer = emulation(tmp_path, [a], Scripted([spot("us-east-1a")]))
-    job.fast_policy = "heuristic"
+    job, writer = _spot_job_with_fake_trainers(tmp_path, monkeypatch)
     with writer:
         run_ticks(job, 0)  # the spot node is launched
         job.spawn()
-        before = json.loads((tmp_path / "emulated" / "job-000.json").read_text())
         job.preemption_times = (100.0, 200.0, 300.0)  # three reclaims seen
         job.spawn()
-    after = json.loads((tmp_path / "emulated" / "job-001.json").read_text())
+    before, after = _job_file(tmp_path, 0), _job_file(tmp_path, 1)
     wall_s = job.clock.wall_s(job.clock.now_s)
     assert after["preemption_risk"] == pytest.approx(preemption_risk(3, wall_s, 1))
     assert after["preemption_risk"] > before["preemption_risk"]
