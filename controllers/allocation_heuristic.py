@@ -77,13 +77,7 @@ from controllers.allocation_planner import (
     solve_plan,
 )
 from controllers.allocation_types import AllocationAction, AllocationObservation
-from controllers.preemption_risk import (
-    DOWN,
-    POOLED_ZONE,
-    UP,
-    PreemptionRiskModel,
-    RunRegime,
-)
+from controllers.preemption_risk import DOWN, POOLED_ZONE, UP, PreemptionRiskModel
 from controllers.validation import number_problem
 
 # Caps on the plan grid (steps of time, levels of slack).
@@ -150,10 +144,6 @@ class TrainwiseAllocationConfig:
     # its single-zone windows, LOCO / LTO, by such release-and-relaunch cycles; with the rule
     # 0% / 4.2%; no cell of the cost suite got dearer by more than 0.01%).
     release_on_demand_in_outage: bool = False
-    # Single zone, single node: solve the plan with the model's run regime (`RunRegime`: after
-    # a short up run the next tends to be short), when the model has one, and decide in the
-    # regime the last ended up run sets.
-    use_run_regime: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.switch_margin < 1:
@@ -286,42 +276,27 @@ class _RunTracker:
     def __init__(self) -> None:
         self.last_time_s: float | None = None
         self.runs: dict[tuple[str, int], tuple[bool, float]] = {}
-        # Length (s) of the last up run that ended, per (zone, level), when its start was seen
-        # (or known from the model's history at the cutoff); None: not known.
-        self.previous_up: dict[tuple[str, int], float | None] = {}
-        self._start_known: dict[tuple[str, int], bool] = {}
 
     def update(self, obs: AllocationObservation, levels: tuple[int, ...],
                model: PreemptionRiskModel) -> None:
         now = obs.time_s
         if self.last_time_s is None or now < self.last_time_s:
             self.runs = {}
-            self.previous_up = {}
-            self._start_known = {}
         first = not self.runs
         for zone, available in zip(obs.zones, obs.spot_available_by_zone):
             for level in levels:
                 up = available >= level
-                key = (zone, level)
-                known = self.runs.get(key)
+                known = self.runs.get((zone, level))
                 if known is not None and known[0] == up:
                     continue
-                start, start_known = now, not first
+                start = now
                 if first:
                     # The window's first tick: continue the run seen before the cutoff, if any.
-                    state, age = model.run_at_cutoff.get(key, (None, 0.0))
+                    state, age = model.run_at_cutoff.get((zone, level), (None, 0.0))
                     if state == (UP if up else DOWN):
-                        start, start_known = now - age, True
-                    self.previous_up[key] = model.previous_up_at_cutoff.get(key)
-                elif known is not None and known[0]:  # an up run ended: its length sets the next runs' regime
-                    self.previous_up[key] = (now - known[1]) if self._start_known[key] else None
-                self.runs[key] = (up, start)
-                self._start_known[key] = start_known
+                        start = now - age
+                self.runs[(zone, level)] = (up, start)
         self.last_time_s = now
-
-    def previous_up_s(self, zone: str, level: int) -> float | None:
-        """Length of the last up run that ended (None when not seen whole)."""
-        return self.previous_up.get((zone, level))
 
     def age_s(self, zone: str, level: int, now_s: float) -> float:
         known = self.runs.get((zone, level))
@@ -456,11 +431,10 @@ class TrainwiseAllocationPolicy:
         return best
 
     def _solve(self, obs: AllocationObservation, sit: _Situation, zone: str, zones: int,
-               hop_probability: float, spot_usd_per_h: float, od_usd_per_h: float,
-               regime: RunRegime | None = None) -> SlackPlan:
+               hop_probability: float, spot_usd_per_h: float, od_usd_per_h: float) -> SlackPlan:
         """The slack plan of this job (solved on its first decision, kept while it runs)."""
         key = (obs.deadline_s, obs.work_total_h, obs.work_rate_gpu_h_per_h, obs.changeover_s,
-               obs.tick_s, obs.zones, obs.node_count, spot_usd_per_h, od_usd_per_h, regime)
+               obs.tick_s, obs.zones, obs.node_count, spot_usd_per_h, od_usd_per_h)
         if self._plan is None or key != self._plan_key or obs.time_s == 0.0:
             # Long windows get a coarser grid, so a plan stays a few MB and well under a second.
             ticks = max(1, round(self.config.plan_step_s / obs.tick_s),
@@ -474,7 +448,7 @@ class TrainwiseAllocationPolicy:
                 slack_unit_s=max(self.config.plan_slack_unit_s, max_slack / MAX_PLAN_SLACK_LEVELS),
                 hop_probability=hop_probability, zones=zones,
                 fine_age_until_s=self.config.plan_fine_age_until_s)
-            self._plan = solve_plan(self.model, zone, obs.node_count, inputs, regime)
+            self._plan = solve_plan(self.model, zone, obs.node_count, inputs)
             self._plan_key = key
         return self._plan
 
@@ -526,21 +500,15 @@ class TrainwiseAllocationPolicy:
     def _follow_plan(self, obs: AllocationObservation, sit: _Situation,
                      numbers: dict[str, float]) -> AllocationAction:
         n, zone, c = obs.node_count, obs.zones[0], obs.changeover_s
-        regime = self.model.regime if self.config.use_run_regime else None
         plan = self._solve(obs, sit, zone, 1, 0.0,
                            n * obs.spot_price_usd_per_hour_by_zone[0],
-                           n * obs.on_demand_price_usd_per_hour_by_zone[0], regime)
+                           n * obs.on_demand_price_usd_per_hour_by_zone[0])
         up = obs.spot_available_by_zone[0] >= n
         age = self._tracker.age_s(zone, n, obs.time_s)
         if sit.mode == SPOT:
             age = max(age, obs.since_launch_s)
-        in_regime = 0
-        if regime is not None:
-            in_regime = regime.regime_of(self._tracker.previous_up_s(zone, n))
-            numbers["run_regime"] = float(in_regime)
         # The plan's slack counts no changeover: add back the one `slack_s` reserves.
-        action, value = plan.decide(obs.time_left_s, sit.slack_s + c, sit.mode, up, age,
-                                    in_regime)
+        action, value = plan.decide(obs.time_left_s, sit.slack_s + c, sit.mode, up, age)
         numbers.update(plan_usd_to_end=value, run_age_s=age, spot_up=float(up),
                        p_preempt_1h=self.model.p_preempt_within(zone, age, 3600.0,
                                                                 obs.trace_time_s, n) if up

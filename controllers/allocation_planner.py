@@ -31,14 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controllers.preemption_risk import (
-    DOWN,
-    REGIME_LONG,
-    REGIME_SHORT,
-    UP,
-    PreemptionRiskModel,
-    RunRegime,
-)
+from controllers.preemption_risk import DOWN, UP, PreemptionRiskModel
 
 IDLE, ON_DEMAND, SPOT = 0, 1, 2
 ACTION_NAMES = ("idle", "on_demand", "spot")
@@ -72,11 +65,9 @@ class SlackPlan:
     """Decision table of a solved plan: `decide(...)` gives the cheapest action and its values."""
 
     def __init__(self, inputs: PlanInputs, age_edges_s: tuple[float, ...],
-                 decisions: np.ndarray, values: np.ndarray, regimes: int = 1) -> None:
+                 decisions: np.ndarray, values: np.ndarray) -> None:
         self.inputs = inputs
         self.age_edges_s = age_edges_s
-        # Availability states come in `regimes` blocks of 2 x bins (`RunRegime`; 1: none).
-        self.regimes = regimes
         # decisions[k, mode, availability, slack] (int8), values[k, mode, availability, slack].
         self.decisions = decisions
         self.values = values
@@ -85,16 +76,14 @@ class SlackPlan:
         self._last_s = decisions.shape[3] - 1
         self._slack_unit_s = float(inputs.slack_unit_s)
 
-    def _index(self, steps_left: float, slack_s: float, mode: int, up: bool, age_s: float,
-               regime: int = 0) -> tuple[int, int, int, int]:
+    def _index(self, steps_left: float, slack_s: float, mode: int, up: bool, age_s: float
+               ) -> tuple[int, int, int, int]:
         k = int(min(max(round(steps_left), 0), self._last_k))
         edges = self.age_edges_s
         bins = len(edges)
         # bisect_right on the sorted edges is np.searchsorted(side="right"), NaN included.
         age_bin = max(0, min(bins - 1, bisect.bisect_right(edges, age_s) - 1))
         a = age_bin if up else bins + age_bin
-        if self.regimes > 1:
-            a += 2 * bins * min(max(int(regime), 0), self.regimes - 1)
         s = int(min(max(math.floor(slack_s / self._slack_unit_s), 0), self._last_s))
         return k, mode, a, s
 
@@ -109,76 +98,50 @@ class SlackPlan:
         gained = float(self.values[k, m, a, lower]) - float(self.values[k, m, a, s])
         return max(0.0, gained) * 3600.0 / ((s - lower) * self.inputs.slack_unit_s)
 
-    def decide(self, time_left_s: float, slack_s: float, mode: int, up: bool, age_s: float,
-               regime: int = 0) -> tuple[int, float]:
-        """(action, expected USD to the end) for the state; slack is floored to the grid.
-        `regime`: the run regime (`RunRegime.regime_of`) on a plan solved with one."""
-        idx = self._index(time_left_s / self.inputs.dt_s, slack_s, mode, up, age_s, regime)
+    def decide(self, time_left_s: float, slack_s: float, mode: int, up: bool, age_s: float
+               ) -> tuple[int, float]:
+        """(action, expected USD to the end) for the state; slack is floored to the grid."""
+        idx = self._index(time_left_s / self.inputs.dt_s, slack_s, mode, up, age_s)
         return int(self.decisions[idx]), float(self.values[idx])
 
 
 def _transitions(model: PreemptionRiskModel, zone: str, spot_nodes: int, dt_s: float,
                  age_edges: tuple[float, ...], hop_probability: float = 0.0, zones: int = 1
                  ) -> tuple[np.ndarray, np.ndarray]:
-    """(P, end) of `_regime_transitions` with no regime."""
-    p, end, _ = _regime_transitions(model, zone, spot_nodes, dt_s, age_edges, hop_probability,
-                                    zones)
-    return p, end
-
-
-def _regime_transitions(model: PreemptionRiskModel, zone: str, spot_nodes: int, dt_s: float,
-                        age_edges: tuple[float, ...], hop_probability: float = 0.0,
-                        zones: int = 1, regime: RunRegime | None = None
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(P, end, after): P[a, a'] one-step availability transitions over 2B states (up bins, then
-    down bins); end[a] the probability that the run in state a ends this step; after[a] the
-    down state a preempted up state a lands in. With a composite of `zones` zones, an up run
-    that ends is followed at once by another zone's run with `hop_probability`, and a down spell
-    ends when any zone returns. With a `regime`, three blocks of 2B states (unknown, short,
-    long regime): the hazards are scaled by the regime's factors, and an up run that ends
-    starts the down spell (and the up run after it) in the regime its own length sets: short
-    when its age bin lies below the threshold (a bin edge of the curve)."""
+    """(P, end): P[a, a'] one-step availability transitions over 2B states (up bins, then down
+    bins); end[a] the probability that the run in state a ends this step. With a composite of
+    `zones` zones, an up run that ends is followed at once by another zone's run with
+    `hop_probability`, and a down spell ends when any zone returns."""
     bins = len(age_edges)
-    blocks = 1 if regime is None else 3
-    size = 2 * bins * blocks
+    size = 2 * bins
     p = np.zeros((size, size))
     end = np.zeros(size)
-    after = np.full(size, bins)
-    for block in range(blocks):
-        base = 2 * bins * block
-        for side, state in enumerate((UP, DOWN)):
-            curve = model.curve(zone, spot_nodes, state)
-            mean_factor = sum(curve.hour_factor) / curve.hour_bins
-            if regime is not None:
-                mean_factor *= regime.factor(state, block)
-            edges = curve.age_edges_s
-            for i, lower in enumerate(age_edges):
-                # The curve's rate at this bin's lower edge (the plan's bins are the curve's).
-                j = int(np.searchsorted(edges, lower, side="right")) - 1
-                rate_per_s = curve.rate_per_h[j] * mean_factor / 3600.0
-                if state == DOWN:
-                    rate_per_s *= zones
-                ends = -math.expm1(-rate_per_s * dt_s)
-                a = base + side * bins + i
-                other = base + (1 - side) * bins  # the other state's first bin
-                if regime is not None and state == UP:
-                    upper = age_edges[i + 1] if i + 1 < bins else math.inf
-                    next_block = REGIME_SHORT if upper <= regime.threshold_s else REGIME_LONG
-                    other = 2 * bins * next_block + bins
-                after[a] = other
-                end[a] = ends
-                if state == UP:
-                    p[a, base] += ends * hop_probability
-                    p[a, other] += ends * (1 - hop_probability)
-                else:
-                    p[a, other] += ends
-                if i + 1 < bins:
-                    advance = min(1.0, dt_s / (age_edges[i + 1] - lower))
-                    p[a, a + 1] += (1 - ends) * advance
-                    p[a, a] += (1 - ends) * (1 - advance)
-                else:
-                    p[a, a] += 1 - ends
-    return p, end, after
+    for side, state in enumerate((UP, DOWN)):
+        curve = model.curve(zone, spot_nodes, state)
+        mean_factor = sum(curve.hour_factor) / curve.hour_bins
+        edges = curve.age_edges_s
+        for i, lower in enumerate(age_edges):
+            # The curve's rate at this bin's lower edge (the plan's bins are the curve's bins).
+            j = int(np.searchsorted(edges, lower, side="right")) - 1
+            rate_per_s = curve.rate_per_h[j] * mean_factor / 3600.0
+            if state == DOWN:
+                rate_per_s *= zones
+            ends = -math.expm1(-rate_per_s * dt_s)
+            a = side * bins + i
+            other = (1 - side) * bins  # the other state's first bin
+            end[a] = ends
+            if state == UP:
+                p[a, 0] += ends * hop_probability
+                p[a, other] += ends * (1 - hop_probability)
+            else:
+                p[a, other] += ends
+            if i + 1 < bins:
+                advance = min(1.0, dt_s / (age_edges[i + 1] - lower))
+                p[a, a + 1] += (1 - ends) * advance
+                p[a, a] += (1 - ends) * (1 - advance)
+            else:
+                p[a, a] += 1 - ends
+    return p, end
 
 
 class _Shift:
@@ -239,26 +202,19 @@ def _plan_age_edges(edges: tuple[float, ...], dt_s: float, fine_until_s: float
     return tuple(out)
 
 
-def solve_plan(model: PreemptionRiskModel, zone: str, spot_nodes: int, inputs: PlanInputs,
-               regime: RunRegime | None = None) -> SlackPlan:
-    """Backward induction over `inputs.steps` steps; see the module docstring for the model.
-    With a `regime` (one zone, no hop), the availability state also carries the run regime
-    (`_regime_transitions`); `SlackPlan.decide` then takes the regime the run is in."""
+def solve_plan(model: PreemptionRiskModel, zone: str, spot_nodes: int, inputs: PlanInputs
+               ) -> SlackPlan:
+    """Backward induction over `inputs.steps` steps; see the module docstring for the model."""
     if inputs.steps < 1 or not inputs.dt_s > 0:
         raise ValueError(f"a plan needs steps >= 1 and dt_s > 0, got {inputs.steps}, "
                          f"{inputs.dt_s}")
-    if regime is not None and inputs.hop_probability:
-        raise ValueError("a plan with a run regime models one zone: hop_probability must be 0")
     curve = model.curve(zone, spot_nodes, UP)
     age_edges = _plan_age_edges(tuple(curve.age_edges_s), inputs.dt_s, inputs.fine_age_until_s)
     bins = len(age_edges)
-    regimes = 1 if regime is None else 3
-    size = 2 * bins * regimes
-    p, end, after_state = _regime_transitions(model, zone, spot_nodes, inputs.dt_s, age_edges,
-                                              inputs.hop_probability, inputs.zones, regime)
-    up_mask = np.zeros(size, dtype=bool)
-    for block in range(regimes):
-        up_mask[2 * bins * block:2 * bins * block + bins] = True
+    p, end = _transitions(model, zone, spot_nodes, inputs.dt_s, age_edges,
+                          inputs.hop_probability, inputs.zones)
+    up_mask = np.zeros(2 * bins, dtype=bool)
+    up_mask[:bins] = True
     # Transitions that keep spot: survive the step (the hop after an end is a new run).
     p_stay_up = p * up_mask[None, :]
     p_stay_up[np.arange(bins), 0] -= end[:bins] * inputs.hop_probability
@@ -274,9 +230,9 @@ def solve_plan(model: PreemptionRiskModel, zone: str, spot_nodes: int, inputs: P
 
     steps = inputs.steps
     shift_dt, shift_c, shift_save = (_Shift(n_slack, x / unit) for x in (dt, c, save))
-    decisions = np.zeros((steps + 1, 3, size, n_slack), dtype=np.int8)
-    values = np.zeros((steps + 1, 3, size, n_slack), dtype=np.float32)
-    v = np.zeros((3, size, n_slack))  # k = 0: the deadline; anything left is missed
+    decisions = np.zeros((steps + 1, 3, 2 * bins, n_slack), dtype=np.int8)
+    values = np.zeros((steps + 1, 3, 2 * bins, n_slack), dtype=np.float32)
+    v = np.zeros((3, 2 * bins, n_slack))  # k = 0: the deadline; anything left is missed
     down_up = ~up_mask
     # The three held modes are solved together, each elementwise step as in a loop over modes
     # (same arithmetic, same results): a mode's release cost, and which option keeps its set.
@@ -291,10 +247,7 @@ def solve_plan(model: PreemptionRiskModel, zone: str, spot_nodes: int, inputs: P
         ev_idle = p @ v[IDLE]
         ev_od = p @ v[ON_DEMAND]
         # Preempted: idle, after the notice save, with another zone up (hop) or none.
-        if regime is None:
-            after = q_hop * v[IDLE][0:1] + (1 - q_hop) * v[IDLE][bins:bins + 1]
-        else:  # the down spell starts in the regime the ended run's length sets
-            after = v[IDLE][after_state]
+        after = q_hop * v[IDLE][0:1] + (1 - q_hop) * v[IDLE][bins:bins + 1]
         preempted = shift_save(after, miss_usd)
         ev_spot = p_stay_up @ v[SPOT] + end[:, None] * preempted
         q_idle = shift_dt(ev_idle, miss_usd)
@@ -325,4 +278,4 @@ def solve_plan(model: PreemptionRiskModel, zone: str, spot_nodes: int, inputs: P
         new_v[SPOT][down_up] = new_v[IDLE][down_up]
         v = new_v
         values[k] = v
-    return SlackPlan(inputs, age_edges, decisions, values, regimes)
+    return SlackPlan(inputs, age_edges, decisions, values)

@@ -141,116 +141,6 @@ def _integrate(
     return cum, alive_s
 
 
-REGIME_UNKNOWN, REGIME_SHORT, REGIME_LONG = 0, 1, 2
-REGIME_NAMES = ("unknown", "short", "long")
-
-
-@dataclass(frozen=True)
-class RunRegime:
-    """Consecutive spot up runs are correlated (rank correlation 0.19-0.27 on every 1-node
-    collection of ../shared/data): after a short up run the next one tends to be short too. The
-    regime of a run is set by the length of the last up run that ENDED before it: `short` below
-    `threshold_s`, `long` at or above it, `unknown` when none was seen. Within a regime the
-    hazards are the model's curves times a factor (proportional hazards), per state; `unknown`
-    keeps the curves as fitted (they are the marginal over regimes). Fitted by `fit_run_regime`
-    on what the protocol allows (other collections, or earlier time)."""
-
-    threshold_s: float
-    # Multipliers on the UP and DOWN hazards, indexed (unknown, short, long).
-    up_factor: tuple[float, float, float] = (1.0, 1.0, 1.0)
-    down_factor: tuple[float, float, float] = (1.0, 1.0, 1.0)
-    # Evidence (events per regime, up then down) and the log-likelihood gain over no regime.
-    events: tuple[float, ...] = ()
-    gain: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.threshold_s) and self.threshold_s > 0):
-            raise ValueError(f"threshold_s={self.threshold_s} must be a positive number of s")
-        for name in ("up_factor", "down_factor"):
-            values = getattr(self, name)
-            if len(values) != 3 or any(not (math.isfinite(v) and v > 0) for v in values):
-                raise ValueError(f"{name}={values} needs 3 finite factors > 0 "
-                                 "(unknown, short, long)")
-
-    def regime_of(self, previous_up_s: float | None) -> int:
-        """REGIME_UNKNOWN, REGIME_SHORT or REGIME_LONG for the last ended up run's length."""
-        if previous_up_s is None:
-            return REGIME_UNKNOWN
-        return REGIME_SHORT if previous_up_s < self.threshold_s else REGIME_LONG
-
-    def factor(self, state: str, regime: int) -> float:
-        return (self.up_factor if state == UP else self.down_factor)[regime]
-
-
-def runs_of(up_flags: Sequence[bool], tick_s: float) -> list[tuple[bool, float, bool]]:
-    """(up?, length s, ended?) of each run of a series after the first (whose start is not
-    seen); the last run is cut by the series' end (ended False)."""
-    runs: list[tuple[bool, float, bool]] = []
-    start, n = 0, len(up_flags)
-    for i in range(1, n + 1):
-        if i == n or bool(up_flags[i]) != bool(up_flags[i - 1]):
-            if start > 0:
-                runs.append((bool(up_flags[start]), (i - start) * tick_s, i < n))
-            start = i
-    return runs
-
-
-def fit_run_regime(
-    series: Sequence[tuple[Sequence[tuple[bool, float, bool]], HazardCurve, HazardCurve]],
-    candidates_s: Sequence[float], prior_events: float = 2.0,
-) -> RunRegime | None:
-    """The regime (threshold and factors) that best explains `series` on top of their curves.
-
-    `series`: (runs from `runs_of`, the UP curve and the DOWN curve the policy will price that
-    series' zone with). For each candidate threshold, each regime's factor per state is the
-    occurrence/exposure ratio events / expected events under the curve (the maximum-likelihood
-    proportional factor), shrunk by `prior_events` pseudo-events toward 1; the threshold with
-    the largest log-likelihood gain wins. None when no run has a known regime."""
-    # Expected events (cumulative hazard) of every run under its curve, time of day averaged.
-    scored: list[tuple[float | None, bool, float, bool]] = []
-    for runs, up_curve, down_curve in series:
-        flat = {UP: _flat(up_curve), DOWN: _flat(down_curve)}
-        previous_up: float | None = None
-        for is_up, length_s, ended in runs:
-            cum, _ = _integrate(flat[UP if is_up else DOWN], 0.0, 0.0, length_s)
-            scored.append((previous_up, is_up, cum, ended))
-            if is_up:
-                previous_up = length_s if ended else None
-    best: RunRegime | None = None
-    for threshold_s in candidates_s:
-        # [state][regime]: events and expected events.
-        events = {UP: [0.0, 0.0, 0.0], DOWN: [0.0, 0.0, 0.0]}
-        expected = {UP: [0.0, 0.0, 0.0], DOWN: [0.0, 0.0, 0.0]}
-        for previous_up, is_up, cum, ended in scored:
-            if previous_up is None:
-                continue
-            regime = REGIME_SHORT if previous_up < threshold_s else REGIME_LONG
-            state = UP if is_up else DOWN
-            events[state][regime] += float(ended)
-            expected[state][regime] += cum
-        if not any(events[UP]) and not any(events[DOWN]):
-            continue
-        factors, gain = {}, 0.0
-        for state in STATES:
-            found = [1.0, 1.0, 1.0]
-            for regime in (REGIME_SHORT, REGIME_LONG):
-                e, lam = events[state][regime], expected[state][regime]
-                m = (e + prior_events) / (lam + prior_events)
-                found[regime] = m
-                gain += e * math.log(m) - (m - 1.0) * lam
-            factors[state] = tuple(found)
-        if best is None or gain > best.gain:
-            best = RunRegime(float(threshold_s), factors[UP], factors[DOWN],
-                             tuple(events[UP][1:] + events[DOWN][1:]), gain)
-    return best
-
-
-def _flat(curve: HazardCurve) -> HazardCurve:
-    """`curve` with time of day averaged out (the mean hour factor folded into the rates)."""
-    mean_factor = sum(curve.hour_factor) / curve.hour_bins
-    return HazardCurve(curve.age_edges_s, tuple(r * mean_factor for r in curve.rate_per_h))
-
-
 class PreemptionRiskModel:
     """Hazards of spot availability runs per (state, zone, spot_nodes), with fallbacks.
 
@@ -283,10 +173,6 @@ class PreemptionRiskModel:
         # State and age (s) of each (zone, spot_nodes) run at the fit's cutoff: the history a
         # policy may start from (it was observed before the window began).
         self.run_at_cutoff = dict(run_at_cutoff or {})
-        # Optional run regime (`RunRegime`) and, per (zone, spot_nodes), the length (s) of the
-        # last up run that ended before the cutoff (the regime a window starts in).
-        self.regime: RunRegime | None = None
-        self.previous_up_at_cutoff: dict[tuple[str, int], float] = {}
         self._levels: dict[tuple[str, str], list[int]] = {}
         for state, zone, nodes in self.curves:
             self._levels.setdefault((state, zone), []).append(nodes)
