@@ -68,7 +68,19 @@ from telemetry.reader import read_run_events
 from training.data_types import ExampleSet
 
 REPO = Path(__file__).resolve().parents[1]
-TRACE = REPO.parent / "shared" / "data" / "cluster" / "stragglers" / "job_2_norm.csv"
+# Inside the data folder (the TRAINWISE_DATA_DIR setting, default ../shared/data).
+TRACE = Path("cluster") / "stragglers" / "job_2_norm.csv"
+
+
+def straggler_trace() -> Path:
+    """The slowdown trace in the data folder the project reads (`trainwise.settings`)."""
+    from trainwise import settings
+
+    path = settings.data_dir() / TRACE
+    if not path.exists():
+        raise FileNotFoundError(f"straggler trace {path} not found: set TRAINWISE_DATA_DIR to "
+                                f"the shared data folder (the one holding {TRACE})")
+    return path
 SLOWDOWN = 1.5
 # Emulated device time per micro batch, slept on top of the real forward/backward (~2 ms): the
 # 2 CPU cores of the dev box are shared with other jobs, so real compute time measures them.
@@ -92,8 +104,10 @@ def synthetic_examples(n: int = 4096, block: int = 16) -> ExampleSet:
     )
 
 
-def replayed_factors(trace: Path = TRACE, mean_slowdown: float = SLOWDOWN) -> list[float]:
-    """Per-step slowdown factors of the trace's slowest worker, scaled to `mean_slowdown`."""
+def replayed_factors(trace: Path | None = None, mean_slowdown: float = SLOWDOWN) -> list[float]:
+    """Per-step slowdown factors of the trace's slowest worker, scaled to `mean_slowdown`
+    (`trace`: default the shared data's `TRACE`)."""
+    trace = trace if trace is not None else straggler_trace()
     rows = np.genfromtxt(trace, delimiter=",", skip_header=1, usecols=(1, 3, 4))
     workers = sorted({int(w) for w in rows[:, 0]})
     times = sorted({int(t) for t in rows[:, 1]})
@@ -201,7 +215,7 @@ def bounds_report(factors: list[float], steps: int) -> tuple[dict[str, Any], str
         f"({at[3, 48]['foresight']:.1%}), a controller reacting to the last step from 4 "
         f"({at[3, 48]['last_step']:.1%} at 3, {at[4, 64]['last_step']:.1%} at 4).",
     ]
-    payload = {"config": {"trace": str(TRACE.relative_to(REPO.parent)), "steps": steps,
+    payload = {"config": {"trace": str(TRACE), "steps": steps,
                           "mean_slowdown": SLOWDOWN},
                "rows": rows, "constant_slowdown_ceiling": {str(k): v for k, v in
                                                            constant.items()}}
@@ -443,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         "share_of_recoverable_recovered": recovered / oracle if oracle > 0 else float("nan"),
         "fast_layer_share_of_step_time": median["rebalanced"]["decision_share_of_step"],
     }
-    payload = {"config": {**vars(args), "trace": str(TRACE.relative_to(REPO.parent)),
+    payload = {"config": {**vars(args), "trace": str(TRACE),
                           "mean_slowdown": SLOWDOWN,
                           "micro_batch_ms": MICRO_BATCH_MS, "replayed_steps": len(factors),
                           "ranks": ranks, "backend": "gloo", "threads_per_rank": 1},

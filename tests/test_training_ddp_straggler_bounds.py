@@ -31,3 +31,20 @@ def test_a_factor_that_changes_every_step_costs_the_controller_that_reacts_late(
         recovery_bound(flapping, 40, know="psychic")
     with pytest.raises(ValueError, match="ranks=3, micro_batches=2"):
         recovery_bound(flapping, 40, ranks=3, micro_batches=2)
+
+
+def test_the_slowdown_trace_is_read_through_the_data_setting(tmp_path, monkeypatch):
+    """The trace comes from TRAINWISE_DATA_DIR (not a path beside the repo); a folder without
+    it is refused with the setting to fix named."""
+    from benchmarks.stragglers_ddp import TRACE, replayed_factors
+
+    monkeypatch.setenv("TRAINWISE_DATA_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="TRAINWISE_DATA_DIR"):
+        replayed_factors()
+    trace = tmp_path / TRACE
+    trace.parent.mkdir(parents=True)
+    # columns: _, worker, _, time, duration (the replay reads 1, 3 and 4)
+    trace.write_text("i,worker,x,time,duration\n" + "".join(
+        f"0,{w},0,{t},{10.0 * (2 if w == 1 else 1)}\n" for t in range(3) for w in range(3)))
+    factors = replayed_factors(mean_slowdown=1.5)
+    assert len(factors) == 3 and sum(factors) / 3 == pytest.approx(1.5)
