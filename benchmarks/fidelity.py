@@ -100,17 +100,30 @@ DEADLINE_FACTOR = 2.0
 class SameView:
     """The policy under test, shown what the emulated run shows it: its work figures (the
     emulated run states work as steps done / max_steps x its `work_total_h`), the emulated
-    trainer's save cost and checkpoint interval; its interval requests are dropped (the emulated
-    trainer checkpoints every N steps whatever the policy asks)."""
+    trainer's save cost and checkpoint interval, the emulated provider's configured changeover
+    (`changeover_s`; None: the simulator's own); its interval requests are dropped (the
+    emulated trainer checkpoints every N steps whatever the policy asks).
 
-    def __init__(self, inner: Any, save_s: float, interval_s: float, work_total_h: float
-                 ) -> None:
+    The changeover matters (issue 10): the emulated observation states the provider's 360 s,
+    the simulator's rule is the calibrated one (that plus the first step's warm-up); the
+    heuristic solves its slack plan on the figure it is shown, so with two figures the two
+    sides ran two plans, and the on-demand/wait calls of the outlier windows differed."""
+
+    def __init__(self, inner: Any, save_s: float, interval_s: float, work_total_h: float,
+                 changeover_s: float | None = None) -> None:
         self.inner, self.save_s, self.interval_s = inner, save_s, interval_s
-        self.work_total_h = work_total_h
+        self.work_total_h, self.changeover_s = work_total_h, changeover_s
         self.name = getattr(inner, "name", type(inner).__name__)
 
     def act(self, observation: Any) -> Any:
         scale = self.work_total_h / observation.work_total_h
+        if self.changeover_s is not None:
+            # As `cloud.emulated.build_gang_observation`: the stated changeover from launch.
+            holding = observation.zone is not None
+            left_s = (max(0.0, self.changeover_s - observation.since_launch_s) if holding
+                      else 0.0)
+            observation = replace(observation, changeover_s=self.changeover_s,
+                                  changeover_left_s=left_s, in_changeover=left_s > 0)
         seen = replace(observation, checkpoint_save_s=self.save_s,
                        checkpoint_interval_s=self.interval_s,
                        work_done_h=observation.work_done_h * scale,
@@ -144,8 +157,11 @@ def predict(emulated: EmulatedResult, window: Window, cal: Calibration, policy_n
             ) -> SimResult:
     """The simulator's figures for the emulated run's job on its window, calibrated rules."""
     market, rm = sim_market(emulated, window)
+    # The emulated trainer reports completed steps and finishes its step in flight inside a
+    # reclaim's notice, then saves: the simulator's stepped rule (`ClusterRules.train_step_s`).
     rules = ClusterRules(changeover_s=cal.changeover_s, checkpoint_save_s=cal.save_s,
-                         checkpoint_interval_s=cal.checkpoint_interval_s)
+                         checkpoint_interval_s=cal.checkpoint_interval_s,
+                         train_step_s=cal.pure_step_s)
     # The simulator's run time is pure training (the calibrated step time less the periodic
     # saves, which the simulator adds itself); the emulated run's work is the same figure.
     # A gang's work is GPU-hours at node_count reference GPUs, as the emulated run states it.
@@ -155,7 +171,8 @@ def predict(emulated: EmulatedResult, window: Window, cal: Calibration, policy_n
                                                          spot_dir()))
     emulated_work_h = window.nodes * (emulated.deadline_s / DEADLINE_FACTOR
                                       - cal.emulated_changeover_s) / 3600
-    policy = SameView(inner, cal.emulated_save_s, cal.emulated_interval_s, emulated_work_h)
+    policy = SameView(inner, cal.emulated_save_s, cal.emulated_interval_s, emulated_work_h,
+                      cal.emulated_changeover_s)
     return simulate(policy, job, rules, market, record_events=True)
 
 

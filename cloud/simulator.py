@@ -83,9 +83,16 @@ class ClusterRules:
     # Bill the tick in which the work finishes whole (the published Can't Be Late simulator)
     # instead of only its seconds up to the finish (per-second billing, the default).
     bill_finishing_tick_whole: bool = False
+    # 0: work is continuous and a reclaim's save is cut from the last tick's training (the
+    # notice fell inside it). > 0: the job trains in steps of this many seconds, as a real
+    # trainer does (issue 10, the emulated run of trainwise/emulated.py): the policy sees the
+    # work of the steps completed, and a reclaim's notice comes at the tick boundary, the
+    # trainer finishes its step in flight inside it, then saves (about half a step a reclaim
+    # that the continuous rule lost).
+    train_step_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("changeover_s", "checkpoint_save_s", "notice_s"):
+        for name in ("changeover_s", "checkpoint_save_s", "notice_s", "train_step_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be 0 or more")
         if not self.checkpoint_interval_s > 0:
@@ -308,6 +315,7 @@ def simulate(
     save = float(rules.checkpoint_save_s)
     notice_save = rules.checkpoint_on_notice and save <= rules.notice_s
     interval = float(rules.checkpoint_interval_s)
+    step_s = float(rules.train_step_s)
     spot_prices = market.spot_usd_per_hour
     od_prices = market.on_demand_usd_per_hour
     # Plain Python lists: indexing them in the loop is several times faster than numpy scalars.
@@ -328,6 +336,7 @@ def simulate(
     launch_time = 0.0
     last_prod = 0.0
     launch_failed = False
+    notice_credit = 0.0  # training seconds the reclaimed trainer finishes in its notice
     preemption_times: tuple[float, ...] = ()
     cost = spot_node_s = od_node_s = changeover_node_s = checkpoint_node_s = lost_node_s = 0.0
     preemptions = changeovers = launch_failures = fault_count = 0
@@ -340,7 +349,17 @@ def simulate(
         now = t * tick
         # 1. Preemption at the boundary (the notice fell inside the previous tick).
         if spot and avail[zone_i][t] < spot:
-            if notice_save and work > committed:
+            if notice_save and step_s > 0 and work > committed:
+                # The step in flight finishes inside the notice (when it and the save fit),
+                # after this tick's decision: the policy sees the work done at the boundary.
+                in_flight = step_s * math.ceil(work / step_s - 1e-9) - work
+                if in_flight + save <= rules.notice_s:
+                    notice_credit = min(run_total - work, in_flight)
+                else:  # no time to finish it: the save holds the last completed step
+                    done = step_s * math.floor(work / step_s + 1e-9)
+                    lost_node_s += (work - max(done, committed)) * n_nodes
+                    work = max(done, committed)
+            elif notice_save and work > committed:
                 # The save ran in the last seconds of the previous tick instead of training.
                 cut = min(save, last_prod, work - committed)
                 work -= cut
@@ -380,7 +399,8 @@ def simulate(
             time_s=now,
             tick_s=tick,
             trace_time_s=market.trace_start_s + now,
-            work_done_h=work * to_h,
+            # A stepped trainer reports completed steps (the step in flight is not done yet).
+            work_done_h=(step_s * math.floor(work / step_s + 1e-9) if step_s > 0 else work) * to_h,
             work_checkpointed_h=committed * to_h,
             work_total_h=work_total_h,
             work_rate_gpu_h_per_h=rate,
@@ -408,6 +428,9 @@ def simulate(
         )
         action = policy.act(observation)
 
+        if notice_credit > 0:  # the reclaimed trainer's step in flight, saved in the notice
+            work += notice_credit
+            committed, notice_credit = work, 0.0
         # 4. Apply.
         want_spot, want_od = action.spot_nodes, action.on_demand_nodes
         want_total = want_spot + want_od
