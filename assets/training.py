@@ -33,8 +33,10 @@ class TrainRunConfig(dg.Config):
     """Seed of model init, sampler and RNG streams."""
     instance_type: str = ""
     """Instance type the emulated node stands for; empty = TRAINWISE_INSTANCE_TYPE."""
-    fast_policy: Literal["noop", "heuristic"] = "heuristic"
-    """Fast policy run inside the loop (a test keeps the choices equal to runs.FAST_POLICIES)."""
+    fast_policy: Literal["noop", "heuristic", "goodput"] = "heuristic"
+    """Fast policy run inside the loop: heuristic (noise-scale batch, notices, stragglers), goodput
+    (Pollux: batch by measured throughput x statistical efficiency, profiled at start; one node)
+    or noop (a test keeps the choices equal to runs.FAST_POLICIES)."""
     fast_every_steps: int = 10
     """Steps between fast-policy decisions."""
     data_selection: Literal["static", "dynamic"] = "static"

@@ -51,8 +51,9 @@ def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def job_fast_policy(job: dict[str, Any]) -> Any:
-    """The job's fast policy (None = none), or a ValueError naming the key and the valid names."""
+def job_fast_policy(job: dict[str, Any], config: Any = None, examples: Any = None) -> Any:
+    """The job's fast policy (None = none), or a ValueError naming the key and the valid names.
+    "goodput" is profiled on the job's model and data (`config`, `examples`)."""
     name = job.get(FAST_POLICY_KEY)
     if name is None:
         return None
@@ -61,6 +62,10 @@ def job_fast_policy(job: dict[str, Any]) -> Any:
     if not isinstance(name, str) or name not in FAST_POLICIES:
         raise ValueError(f"emulated worker job key {FAST_POLICY_KEY!r}={name!r} is not a fast "
                          f"policy; valid: {', '.join(FAST_POLICIES)} (or null for none)")
+    if name == "goodput" and config is not None and examples is not None:
+        from trainwise.goodput_lever import goodput_policy
+
+        return goodput_policy(config, examples)[0]
     return fast_policy(name)
 
 
@@ -106,7 +111,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         fields["model"] = GPTConfig(**fields["model"])
     config = loop.TrainConfig(**fields)
     # Bad names are refused before anything is loaded into the run folder.
-    policy = job_fast_policy(job)
+    policy = job_fast_policy(job, config, examples)
     risk = job_preemption_risk(job)
     if risk is not None:
         feed_preemption_risk(Path(job["run_dir"]), risk, config.live_control_path)

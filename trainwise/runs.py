@@ -40,7 +40,7 @@ from controllers.fast_types import FastPolicy, NoOpFastPolicy
 from trainwise import guard_reference, mlflow_live, preflight, settings, tracking
 from trainwise.object_store import ObjectStore
 
-FAST_POLICIES = ("noop", "heuristic")
+FAST_POLICIES = ("noop", "heuristic", "goodput")
 DATA_SELECTIONS = ("static", "dynamic")
 # numpy's legacy seeding and most tools take seeds in [0, 2**32).
 MAX_SEED = 2**32 - 1
@@ -182,12 +182,17 @@ def fast_policy(name: str) -> FastPolicy:
         from controllers.fast_heuristic import HeuristicFastPolicy
 
         return HeuristicFastPolicy()
+    if name == "goodput":
+        raise ValueError("fast policy 'goodput' is built from a throughput profile of the run's "
+                         "model and data (trainwise.goodput_lever.goodput_policy), not by name")
     raise ValueError(f"unknown fast policy {name!r}; valid: {', '.join(FAST_POLICIES)}")
 
 
 def fast_policy_in_charge(name: str, region: str | None) -> tuple[FastPolicy, str]:
     """(policy, reason). "heuristic" (the default) means the incumbent of `region`: its promoted
     fast champion (`trainwise.champion`) when one is accepted, else `fast_policy(name)`, with why."""
+    if name == "goodput":  # profiled once the data is loaded (`run_training`)
+        return NoOpFastPolicy(), "goodput requested: profiled at start"
     incumbent = fast_policy(name)
     if name != "heuristic":
         return incumbent, f"{name} requested"
@@ -305,6 +310,9 @@ def validate_request(request: TrainRequest) -> None:
     if request.market not in MARKETS:
         raise ValueError(f"market={request.market!r}; valid: {', '.join(MARKETS)}")
     _check_positive_int("nodes", request.nodes)
+    from trainwise.goodput_lever import check_goodput_ranks
+
+    check_goodput_ranks(request.fast_policy, request.nodes)
     _check_lever_guard(request)
 
 
@@ -583,6 +591,10 @@ def run_training(
     curriculum = curriculum_lib.load_curriculum(state_dir / "curricula" / request.partition)
     guard_reference.check_fit(reference, config.model or loop.default_model_config(examples),
                               examples.fingerprint)
+    if request.fast_policy == "goodput":
+        from trainwise.goodput_lever import goodput_policy
+
+        policy, policy_reason = goodput_policy(config, examples)
     resume_from, resumed_step = _resume_point(run_dir, request, store)
     from trainwise import gang
 
