@@ -29,8 +29,8 @@ should agree; the target eval loss is the fixed schedule's, met within `LOSS_TOL
 
 Windows: `--quick` runs one window (30 steps) of the 2023-02 us-east-1a V100 trace. The full
 mode runs `--windows` windows chosen by a rule fixed before any run (`windows_by_rule`), never
-by outcome: in each zone of `WINDOW_ZONES` (the 2023-02 us-east-1a trace of the quick mode and
-the first V100 1-node zone of the 2022-10 collection), the first `WINDOWS_PER_ZONE` reclaim
+by outcome: in each zone of `WINDOW_ZONES` (the first two V100 1-node zones of the 2023-02 and
+of the 2022-10 collection; the quick mode's trace is the first), the first `WINDOWS_PER_ZONE` reclaim
 windows of `benchmarks.emulated_run.default_window`'s search (spot up 4 ticks from a down tick,
 then a drop of at most 10 ticks; from tick 200, the next search `WINDOW_GAP_TICKS` after the
 last window). Per strategy it reports the mean over windows of the ratios to the fixed schedule

@@ -66,9 +66,9 @@ def test_quick_markdown_keeps_its_single_window_form():
 
 
 @needs_spot_data
-def test_windows_come_from_the_stated_rule_in_two_zones():
+def test_windows_come_from_the_stated_rule_in_four_zones():
     windows = e2e.windows_by_rule()
-    assert len(windows) == len(e2e.WINDOW_ZONES) * e2e.WINDOWS_PER_ZONE == 4
+    assert len(windows) == len(e2e.WINDOW_ZONES) * e2e.WINDOWS_PER_ZONE == 8
     assert {(f, z) for f, z, _ in windows} == set(e2e.WINDOW_ZONES)
     # The quick mode's window is the rule's first; the next in a zone comes after the gap.
     assert windows[0] == (*e2e.WINDOW_ZONES[0], e2e.default_window(*e2e.WINDOW_ZONES[0]))
