@@ -303,7 +303,10 @@ def aligned_step_wall_s(cal: Calibration, window: Window) -> float:
 
 
 def score_window(window: Window, cal: Calibration, args: argparse.Namespace, work: Path,
-                 index: int) -> dict[str, Any]:
+                 index: int, previous: EmulatedResult | None = None
+                 ) -> tuple[dict[str, Any], EmulatedResult]:
+    """One window's row and its emulated run. `previous`: the run scored just before (its
+    telemetry gives the previous-run calibration)."""
     tick_s = float(replay.load_replay_market(window.folder, window.zone_file, window.start_tick,
                                              1, spot_dir()).tick_s)
     cal = cal.at_rate(tick_s / args.seconds_per_tick)  # this trace's replay speed
@@ -330,13 +333,17 @@ def score_window(window: Window, cal: Calibration, args: argparse.Namespace, wor
                      "deadline_s": emulated.deadline_s, "wall_s": round(emulated.wall_s, 2),
                      "stopping_node_s": emulated.stopping_node_s,
                      "holdings": list(emulated.holdings)}}
-    # Headline: calibrated on other windows' runs; second: the scored run's own speeds.
-    for key, used in (("", cal), ("same_run_", same_run(cal, emulated))):
+    # Headline: calibrated on other windows' runs before any scoring; second: the machine's
+    # speed in the run scored just before this one (the newest telemetry a forecast made before
+    # this run could have: the machine drifts over minutes); third: the scored run's own speeds.
+    earlier = same_run(cal, previous) if previous is not None else cal
+    for key, used in (("", cal), ("previous_run_", earlier),
+                      ("same_run_", same_run(cal, emulated))):
         row.update({f"{key}{k}": v for k, v in
                     prediction(emulated, window, used, args.policy, measured).items()})
     row["same_run_calibration"] = {k: v for k, v in same_run(cal, emulated).record().items()
                                    if k in ("step_s", "save_s", "tail_s", "pure_step_s")}
-    return row
+    return row, emulated
 
 
 def prediction(emulated: EmulatedResult, window: Window, cal: Calibration, policy: str,
@@ -416,9 +423,9 @@ def main(argv: list[str]) -> int:
         cal = calibrate(CALIBRATION_WINDOWS[:1] if args.quick else CALIBRATION_WINDOWS,
                         args.partition, args.steps, args.seconds_per_tick, work,
                         args.max_wall_s, freeze_after_last_step=not args.tail_on_clock)
-        rows = []
+        rows, previous = [], None
         for i, window in enumerate(windows):
-            row = score_window(window, cal, args, work, i)
+            row, previous = score_window(window, cal, args, work, i, previous)
             rows.append(row)
             print(f"{i:2d} {window.kind} {window.label}: cost "
                   f"{pct(row['rel_err']['cost'])} completion {pct(row['rel_err']['completion'])} "
@@ -428,6 +435,7 @@ def main(argv: list[str]) -> int:
                "seconds_per_tick": args.seconds_per_tick, "goal_rel_err": GOAL_REL_ERR,
                "calibration": cal.record(), "windows": rows, "summary": summarise(rows),
                "summary_same_run": summarise(rows, "same_run_"),
+               "summary_previous_run": summarise(rows, "previous_run_"),
                "summary_by_kind": summarise_by_kind(rows),
                "summary_by_kind_same_run": summarise_by_kind(rows, "same_run_"),
                "rule_differences": RULE_DIFFERENCES,

@@ -117,6 +117,8 @@ Goal (issue 10): cost and completion time within 5% per window: **{verdict}**.
 |---|---|---|---|
 {err_row("cost", c)}
 {err_row("completion time", t)}
+{err_row("cost, previous-run calibration", payload["summary_previous_run"]["cost"])}
+{err_row("completion, previous-run calibration", payload["summary_previous_run"]["completion"])}
 {err_row("cost, same-run calibration", payload["summary_same_run"]["cost"])}
 {err_row("completion, same-run calibration", payload["summary_same_run"]["completion"])}
 | preemptions exact | {s['preemptions_exact']}/{c['windows']} | | |
@@ -135,8 +137,11 @@ checkpoint interval {cal['checkpoint_interval_s']:.0f} s, training {cal['run_s']
 The same on-demand job run {len(cal['runs'])} times finished at
 {', '.join(f"{r['finish_s']:.0f}" for r in cal['runs'])} emulated s: the emulated run's own
 run-to-run spread on this machine, a floor under any cross-run error.
-Same-run calibration: the scored run's own step gaps, saves and tail (trainer telemetry wall
-times; its cost, completion and preemptions are not read), which removes that drift.
+Previous-run calibration: the step gaps, saves and tail of the run scored just before (the
+newest telemetry a forecast made before the run could use; the first window uses the headline
+calibration), which follows the machine's drift over minutes. Same-run calibration: the scored
+run's own step gaps, saves and tail (trainer telemetry wall times; its cost, completion and
+preemptions are not read), which removes that drift.
 
 | kind | window | cost pred | cost meas | err | completion pred (s) | completion meas (s) \
 | err | preempt pred | preempt meas |

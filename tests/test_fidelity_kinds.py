@@ -113,9 +113,10 @@ def test_summary_and_table_are_per_kind():
     payload = {"summary": fidelity.summarise(rows), "calibration": cal, "policy": "p",
                "steps": 20, "windows": rows, "seconds_per_tick": 0.2,
                "summary_same_run": fidelity.summarise(rows), "summary_by_kind": by_kind,
-               "rule_differences": "r"}
+               "summary_previous_run": fidelity.summarise(rows), "rule_differences": "r"}
     md = fidelity.to_markdown(payload)
     assert "| kind | window |" in md and "| multi-zone | f/z.json +1 zones @1 |" in md
+    assert "| cost, previous-run calibration |" in md
     assert "| gang-4 | +3.0% |" in md
     assert "multi-zone windows and a 4-node gang: `trainwise" not in md  # old "not covered"
 
