@@ -14,8 +14,9 @@ Eval: the same fixed held-out windows for every lever and seed (`fixed_eval_batc
 Levers (`LEVERS`):
 - `fixed`: fixed batch, full data, no fast policy: the baseline.
 - `noise_batch`: today's gradient-noise batch heuristic (`HeuristicFastPolicy`, default config).
-- `goodput`: `controllers.batch_scaling.GoodputBatchPolicy` on a throughput profile measured at
-  start on this machine (its CPU is counted against the lever).
+- `goodput`: `controllers.batch_scaling.GoodputBatchPolicy` built as a train run builds it
+  (`trainwise.goodput_lever.goodput_policy`: a throughput profile measured at start on this
+  machine; its CPU is counted against the lever).
 - `prune_scored`: InfoBatch draw at rate 0.5 with initial scores from
   `training.scoring.difficulty_scores` (reference-model per-example loss: bigram for text,
   logistic regression for images), kept below-mean examples weighted 1/(1-r), anneal 0.125.
@@ -151,7 +152,6 @@ def train_config(workload: Workload, examples, seed: int, run_id: str):
 
 def lever_setup(lever: str, workload: Workload, examples, config) -> tuple[Any, Any, float]:
     """(fast policy, pruning config, CPU seconds spent before training) of a lever."""
-    from controllers.batch_scaling import GoodputBatchPolicy, GoodputConfig
     from controllers.fast_heuristic import HeuristicFastPolicy
     from controllers.fast_types import NoOpFastPolicy
     from training.dynamic_pruning import DynamicPruningConfig
@@ -163,18 +163,13 @@ def lever_setup(lever: str, workload: Workload, examples, config) -> tuple[Any, 
     if lever == "noise_batch":
         return HeuristicFastPolicy(), None, 0.0
     if lever == "goodput":
-        import torch
+        # The train job's own construction (profile of the run's model at start, base batch =
+        # the config's micro x accum batch, candidates up to 8x).
+        from trainwise.goodput_lever import goodput_policy
 
-        from training._loop_step import profile_samples_per_s
-        from training.model import MODEL_KIND_FOR_DATA, build_model
-
-        goodput = GoodputConfig(base_batch=workload.batch_size, max_batch_factor=8)
         began = time.thread_time()
-        torch.manual_seed(config.seed)
-        probe = build_model(MODEL_KIND_FOR_DATA[examples.kind], config.model)
-        profile = profile_samples_per_s(probe, examples, goodput.candidates(), seed=config.seed,
-                                        stop_below_speedup=goodput.min_speedup_per_sample)
-        return GoodputBatchPolicy(profile, goodput), None, time.thread_time() - began
+        policy, _ = goodput_policy(config, examples)
+        return policy, None, time.thread_time() - began
     if lever == "prune_scored":
         began = time.thread_time()
         scores = difficulty_scores(examples)  # its CPU is counted against the lever
