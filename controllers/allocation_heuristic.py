@@ -77,6 +77,7 @@ from controllers.allocation_planner import (
     solve_plan,
 )
 from controllers.allocation_types import AllocationAction, AllocationObservation
+from controllers.online_risk import ObservedRuns, moved, with_multipliers
 from controllers.preemption_risk import DOWN, POOLED_ZONE, UP, PreemptionRiskModel
 from controllers.validation import number_problem
 
@@ -144,6 +145,18 @@ class TrainwiseAllocationConfig:
     # its single-zone windows, LOCO / LTO, by such release-and-relaunch cycles; with the rule
     # 0% / 4.2%; no cell of the cost suite got dearer by more than 0.01%).
     release_on_demand_in_outage: bool = False
+    # Online update of the fitted hazards from the runs seen in the job's own window (gamma
+    # frailty, `controllers/online_risk.py`): the fit counts as this many pseudo-events. None:
+    # the fitted model as given, for the whole job.
+    online_prior_events: float | None = None
+    # What "spot down" means for that rule: True counts a zone as down while it has fewer free
+    # spot nodes than the smallest spot set tried (`spot_fractions`; the whole gang by default),
+    # since the gang can no more launch spot there than in a zone with none. False: down only at
+    # 0 free nodes, so 1 free node of a 4-node gang's zone let the plan release on-demand to
+    # wait for a gang that never came back (issue 9, the 4-node gang's one LTO window costlier
+    # than on-demand: us-east-2a from tick 2867, released at 46.5 h on 1 of 4 nodes, relaunched
+    # on-demand at the safety net). A single node is unchanged (its smallest set is 1 node).
+    outage_by_gang_level: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.switch_margin < 1:
@@ -271,31 +284,50 @@ class _Candidate:
 
 
 class _RunTracker:
-    """When each (zone, spot level) last changed state, from the observations seen so far."""
+    """When each (zone, spot level) last changed state, from the observations seen so far; with
+    `observed`, also the runs' evidence for the online risk update (`controllers/online_risk`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, observed: ObservedRuns | None = None) -> None:
         self.last_time_s: float | None = None
         self.runs: dict[tuple[str, int], tuple[bool, float]] = {}
+        # Runs whose start was seen (or given by the history before the window).
+        self.known: set[tuple[str, int]] = set()
+        self.observed = observed
 
     def update(self, obs: AllocationObservation, levels: tuple[int, ...],
                model: PreemptionRiskModel) -> None:
         now = obs.time_s
         if self.last_time_s is None or now < self.last_time_s:
             self.runs = {}
+            self.known = set()
+            if self.observed is not None:
+                self.observed.reset()
         first = not self.runs
+        dt_s = 0.0 if first else now - self.last_time_s
         for zone, available in zip(obs.zones, obs.spot_available_by_zone):
             for level in levels:
                 up = available >= level
-                known = self.runs.get((zone, level))
+                key = (zone, level)
+                known = self.runs.get(key)
+                if self.observed is not None and known is not None and key in self.known:
+                    # The run in progress lasted until now (or ended since the last tick).
+                    self.observed.expose(model, zone, level, known[0],
+                                         self.last_time_s - known[1], dt_s,
+                                         obs.trace_time_s - dt_s)
+                    if known[0] != up:
+                        self.observed.end(zone, level, known[0])
                 if known is not None and known[0] == up:
                     continue
                 start = now
+                self.known.add(key)
                 if first:
                     # The window's first tick: continue the run seen before the cutoff, if any.
-                    state, age = model.run_at_cutoff.get((zone, level), (None, 0.0))
+                    state, age = model.run_at_cutoff.get(key, (None, 0.0))
                     if state == (UP if up else DOWN):
                         start = now - age
-                self.runs[(zone, level)] = (up, start)
+                    else:
+                        self.known.discard(key)  # its start is unknown: no evidence
+                self.runs[key] = (up, start)
         self.last_time_s = now
 
     def age_s(self, zone: str, level: int, now_s: float) -> float:
@@ -332,12 +364,18 @@ class TrainwiseAllocationPolicy:
         self.model = risk_model or PreemptionRiskModel.constant(
             PRIOR_MEAN_UP_S, PRIOR_MEAN_DOWN_S, fitted_on="memoryless prior (no fitted model)")
         self.config = config or TrainwiseAllocationConfig()
-        self._tracker = _RunTracker()
+        self._observed = (None if self.config.online_prior_events is None
+                          else ObservedRuns(self.config.online_prior_events))
+        self._tracker = _RunTracker(self._observed)
+        # The multipliers baked into `self.model` by the online update (empty: none).
+        self._multipliers_used: dict[tuple[str, str, int], float] = {}
+        self._model_generation = 0
         self._plan: SlackPlan | None = None
         self._plan_key: tuple | None = None
         self._levels_by_n: dict[int, tuple[int, ...]] = {}
         self._base_interval: float | None = None
         self._base_model = self.model
+        self._prior_model = self.model
         self._gang_models: dict[int, PreemptionRiskModel] = {}
 
     def act(self, observation: AllocationObservation) -> AllocationAction:
@@ -352,8 +390,23 @@ class TrainwiseAllocationPolicy:
             # Gangs above the model's fitted sizes: whole-gang curves (N-node survival).
             self._gang_models[n] = self._base_model.with_gang_levels(
                 self._levels(n), self.config.gang_hazard_exponent)
-        self.model = self._gang_models.get(n, self._base_model)
+        prior = self._gang_models.get(n, self._base_model)
+        if self._observed is None:
+            self.model = prior
+        elif self._tracker.last_time_s is None or observation.time_s < self._tracker.last_time_s:
+            self.model, self._multipliers_used = prior, {}  # a new job: the fit as given
+        self._prior_model = prior
         return self._decide(observation)
+
+    def _update_online(self) -> None:
+        """Re-price the hazards from the runs seen so far when a multiplier has moved enough
+        (the plan is re-solved on the next decision that needs it)."""
+        new = self._observed.multipliers()
+        if not moved(new, self._multipliers_used):
+            return
+        self.model = with_multipliers(self._prior_model, new.items())
+        self._multipliers_used = new
+        self._model_generation += 1
 
     # Shared pieces ------------------------------------------------------------------------------
 
@@ -434,7 +487,8 @@ class TrainwiseAllocationPolicy:
                hop_probability: float, spot_usd_per_h: float, od_usd_per_h: float) -> SlackPlan:
         """The slack plan of this job (solved on its first decision, kept while it runs)."""
         key = (obs.deadline_s, obs.work_total_h, obs.work_rate_gpu_h_per_h, obs.changeover_s,
-               obs.tick_s, obs.zones, obs.node_count, spot_usd_per_h, od_usd_per_h)
+               obs.tick_s, obs.zones, obs.node_count, spot_usd_per_h, od_usd_per_h,
+               self._model_generation)
         if self._plan is None or key != self._plan_key or obs.time_s == 0.0:
             # Long windows get a coarser grid, so a plan stays a few MB and well under a second.
             ticks = max(1, round(self.config.plan_step_s / obs.tick_s),
@@ -457,7 +511,10 @@ class TrainwiseAllocationPolicy:
         last_s = self._tracker.last_time_s
         if self._base_interval is None or last_s is None or obs.time_s < last_s:
             self._base_interval = obs.checkpoint_interval_s  # a new job (or a rerun)
-        self._tracker.update(obs, self._levels(n), self.model)
+        self._tracker.update(obs, self._levels(n),
+                             self._prior_model if self._observed is not None else self.model)
+        if self._observed is not None:
+            self._update_online()
         sit = self._situation(obs)
         return self._with_interval(obs, sit, self._decide_in(obs, sit))
 
@@ -638,7 +695,8 @@ class TrainwiseAllocationPolicy:
             if plan_action == ON_DEMAND and not (best.spot and best.held):
                 best = od
             if plan_action == IDLE and self._keep_through_outage(obs, sit):
-                plan_text += ("; spot down in every zone: on-demand kept through the outage "
+                plan_text += ("; spot down in every zone (for this set): on-demand kept "
+                              "through the outage "
                               "rather than released to wait (coming back costs a changeover)")
         elif best.spot == 0 and not od.held and sit.slack_s >= sit.net_s + obs.tick_s:
             wait, gap_s = self._wait_pays(obs, slack_usd_per_h, n * min(od_prices), run_left_s)
@@ -662,9 +720,13 @@ class TrainwiseAllocationPolicy:
             f"{od.score_usd_per_h:.2f}; {plan_text}"), numbers)
 
     def _keep_through_outage(self, obs: AllocationObservation, sit: _Situation) -> bool:
-        """Hold a running on-demand set while no zone has spot (`release_on_demand_in_outage`)."""
-        return (not self.config.release_on_demand_in_outage and sit.mode == ON_DEMAND
-                and not any(obs.spot_available_by_zone))
+        """Hold a running on-demand set while no zone has spot (`release_on_demand_in_outage`);
+        with `outage_by_gang_level`, while no zone has free nodes for the smallest spot set
+        tried."""
+        if self.config.release_on_demand_in_outage or sit.mode != ON_DEMAND:
+            return False
+        level = self._levels(obs.node_count)[-1] if self.config.outage_by_gang_level else 1
+        return not any(free >= level for free in obs.spot_available_by_zone)
 
     def _try_spot_usd(self, obs: AllocationObservation, sit: _Situation, spot: _Candidate,
                       od: _Candidate, hop: float) -> tuple[float, float]:

@@ -71,3 +71,25 @@ def test_keeping_through_the_outage_is_explained():
     policy.act = spy
     simulate(policy, job, RULES, market)
     assert any("kept through the outage" in reason for reason in reasons), reasons[:3]
+
+
+def one_of_four_free() -> tuple[JobSpec, Market]:
+    """A 4-node gang's zone where 1 node is always free and the whole gang never is."""
+    job, market = never_spot(4)
+    return job, Market(market.zones, TICK_S, np.ones_like(market.spot_available),
+                       market.spot_usd_per_hour, market.on_demand_usd_per_hour)
+
+
+def test_a_gang_zone_with_one_free_node_counts_as_down():
+    """Issue 9's LTO window (us-east-2a, tick 2867): 1 of 4 nodes came back, the policy released
+    its on-demand gang to wait, and the gang never returned. A zone with fewer free nodes than
+    the smallest spot set tried is down for that gang."""
+    job, market = one_of_four_free()
+    on_demand = simulate(make_policy("on_demand"), job, RULES, market)
+    ours = simulate(optimistic_policy(), job, RULES, market, record_events=True)
+    assert ours.deadline_met
+    assert ours.changeovers == 1, ours.events
+    assert ours.cost_usd == pytest.approx(on_demand.cost_usd)
+    any_free = simulate(optimistic_policy(outage_by_gang_level=False), job, RULES, market)
+    assert any_free.changeovers > 1
+    assert any_free.cost_usd > on_demand.cost_usd
