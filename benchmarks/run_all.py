@@ -6,6 +6,7 @@ import importlib
 
 SUITES = {
     "cost": "benchmarks.cost",
+    "cost_bound": "benchmarks.cost.bound",
     "controller": "benchmarks.controller_overhead",
     "fast_layer": "benchmarks.fast_layer",
     "data": "benchmarks.data",
