@@ -55,7 +55,9 @@ run under this suite's rules (60 s saves, notices), which the published setting 
 Per-policy tables pool the cells of a setting with the mean of per-window cost / oracle (scale
 free) and give robustness: the worst window (cost / on-demand cost of that window), the share of
 windows costlier than on-demand there, and deadline misses (a missed deadline is charged the
-on-demand finish). Goals are issue 9's.
+on-demand finish). Goals are issue 9's. How far the oracle is reachable at all: `cost_bound.md`
+(`python -m benchmarks.cost.bound`) runs trainwise on markets sampled from each cell's own
+fitted risk model, with the policy given that true model.
 
 Cost is USD per job: per-second billing of the nodes held in the window, plus, when the deadline is
 missed, one changeover and the remaining work on on-demand. Rules for every policy: a gang of N
