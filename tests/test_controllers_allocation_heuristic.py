@@ -13,7 +13,7 @@ from cloud.policy_registry import make_policy
 from cloud.risk_fit import AvailabilityHistory, fit_risk_model
 from cloud.simulator import ClusterRules, JobSpec, Market, simulate
 from controllers.allocation_adapter import SlowAllocationAdapter
-from controllers.allocation_heuristic import TrainwiseAllocationPolicy
+from controllers.allocation_heuristic import TrainwiseAllocationConfig, TrainwiseAllocationPolicy
 from controllers.allocation_types import AllocationAction, AllocationObservation
 from controllers.fast_heuristic import HeuristicFastPolicy
 from controllers.multi_timescale import MultiTimescaleController
@@ -120,11 +120,17 @@ def test_short_bursts_of_spot_are_not_chased():
     model = fit_risk_model(history, cutoff_tick=ticks)  # learned on the past half only
     window = market([pattern[ticks:]])
     job = JobSpec(work_gpu_h=30.0, deadline_s=ticks * TICK_S)
-    ours = simulate(TrainwiseAllocationPolicy(model), job, RULES, window)
+    hourly = TrainwiseAllocationConfig(fault_checkpoint_interval=False)
+    ours = simulate(TrainwiseAllocationPolicy(model, hourly), job, RULES, window)
     peer = simulate(make_policy("uniform_progress"), job, RULES, window)
     assert ours.deadline_met and peer.deadline_met
     assert ours.changeovers <= 3 < peer.changeovers
     assert ours.cost_usd < peer.cost_usd
+    # Saving only for faults (the default) frees the hourly saves' slack: the plan spends some of
+    # it on the first bursts, and pays less in all.
+    freed = simulate(TrainwiseAllocationPolicy(model), job, RULES, window)
+    assert freed.deadline_met and freed.changeovers <= 6 < peer.changeovers
+    assert freed.cost_usd < ours.cost_usd
 
 
 def test_prefers_the_zone_whose_runs_last():
@@ -229,3 +235,34 @@ def test_no_periodic_saves_is_a_valid_interval_not_bad_input():
     assert not action.reason.startswith("fallback:"), action.reason
     action = TrainwiseAllocationPolicy().act(observation(checkpoint_interval_s=-math.inf))
     assert action.reason.startswith("fallback:") and "checkpoint_interval_s" in action.reason
+
+
+def first_interval_s(policy, **overrides) -> tuple[float | None, str]:
+    action = policy.act(observation(time_s=0.0, work_done_h=0.0, work_checkpointed_h=0.0,
+                                    **overrides))
+    return action.checkpoint_interval_s, action.reason
+
+
+def test_periodic_saves_only_insure_against_faults_when_the_notice_covers_a_save():
+    """A 60 s save fits in the 120 s notice: a reclaim loses nothing, so the job checkpoints at
+    Daly's interval for node faults (13.7 h at one fault per 5,679 node-hours), not hourly."""
+    interval, reason = first_interval_s(TrainwiseAllocationPolicy())
+    assert interval == pytest.approx(13.75 * 3600.0, rel=0.01)
+    assert "fits in the 120 s notice" in reason and "Daly" in reason
+    # A save longer than the notice: reclaims lose work, so the job's own interval stands.
+    interval, _ = first_interval_s(TrainwiseAllocationPolicy(), checkpoint_save_s=300.0)
+    assert interval is None
+    off = TrainwiseAllocationPolicy(config=TrainwiseAllocationConfig(
+        fault_checkpoint_interval=False))
+    assert first_interval_s(off)[0] is None
+
+
+@pytest.mark.parametrize("nodes, hours", [(16, 48.0), (16, 2.0)])
+def test_a_gang_keeps_the_job_interval(nodes, hours):
+    """Gangs size their fault reserve on the job's interval; none asks for a longer one, likely
+    fault (16 nodes, 48 h: p ~ 13%) or not (2 h: p ~ 0.6%)."""
+    gang = {"node_count": nodes, "work_total_h": hours * nodes, "work_rate_gpu_h_per_h": nodes,
+            "on_demand_nodes": nodes, "spot_available_by_zone": (nodes,),
+            "deadline_s": hours * 1.1 * 3600.0}
+    interval, reason = first_interval_s(TrainwiseAllocationPolicy(), **gang)
+    assert interval is None or interval <= 3600.0, reason

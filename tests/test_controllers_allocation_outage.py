@@ -43,7 +43,8 @@ def test_outage_on_demand_is_kept_not_released_and_relaunched(nodes):
     ours = simulate(optimistic_policy(), job, RULES, market, record_events=True)
     assert ours.deadline_met
     assert ours.changeovers == 1, ours.events
-    assert ours.cost_usd == pytest.approx(on_demand.cost_usd)
+    # Never above on-demand (a single node saves for faults only, so it can be below).
+    assert ours.cost_usd <= on_demand.cost_usd + 1e-6
 
 
 @pytest.mark.parametrize("nodes", [1, 4])
@@ -51,7 +52,9 @@ def test_the_old_release_rule_pays_changeovers_over_on_demand(nodes):
     """The flag keeps the plan's release available, and shows what the default avoids."""
     job, market = never_spot(nodes)
     on_demand = simulate(make_policy("on_demand"), job, RULES, market)
-    released = simulate(optimistic_policy(release_on_demand_in_outage=True), job, RULES, market)
+    # Hourly saves for both, so the changeovers are the only difference from on-demand.
+    released = simulate(optimistic_policy(release_on_demand_in_outage=True,
+                                          fault_checkpoint_interval=False), job, RULES, market)
     assert released.changeovers > 1
     assert released.cost_usd > on_demand.cost_usd
 
@@ -89,7 +92,8 @@ def test_a_gang_zone_with_one_free_node_counts_as_down():
     ours = simulate(optimistic_policy(), job, RULES, market, record_events=True)
     assert ours.deadline_met
     assert ours.changeovers == 1, ours.events
-    assert ours.cost_usd == pytest.approx(on_demand.cost_usd)
+    # Never above on-demand (a single node saves for faults only, so it can be below).
+    assert ours.cost_usd <= on_demand.cost_usd + 1e-6
     any_free = simulate(optimistic_policy(outage_by_gang_level=False), job, RULES, market)
     assert any_free.changeovers > 1
     assert any_free.cost_usd > on_demand.cost_usd

@@ -62,8 +62,11 @@ fitted risk model, with the policy given that true model.
 Cost is USD per job: per-second billing of the nodes held in the window, plus, when the deadline is
 missed, one changeover and the remaining work on on-demand. Rules for every policy: a gang of N
 nodes in one zone runs only whole; any change of the node set costs a 0.1 h changeover, billed; a
-checkpoint save of 60 s every hour of training; a 120 s spot notice in which the job saves;
-deadlines rounded down to whole ticks. Real gang: the 4-node collection as recorded (values 0..4
+checkpoint save of 60 s every hour of training (trainwise chooses its own interval: for a single
+node, whose 60 s save fits the notice, Daly's interval for node faults, 13.7 h; peers keep the
+hourly saves, their rule); a 120 s spot notice in which the job saves; node faults in every
+setting (InfiniteHBD fault log, no notice, seeded per scenario); deadlines rounded down to whole
+ticks. Real gang: the 4-node collection as recorded (values 0..4
 per zone). The SYNTHETIC 16-node market (4 copies of the 4-node trace shifted by whole days) is
 reported apart, labelled, never pooled and never a headline. Zones of one folder are paired by tick
 index from each file's first tick where no collection.toml records start times (none does yet).
@@ -178,8 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         + "\n\nGangs: each step waits for the slowest rank ("
         + ", ".join(f"{s.node_count} nodes: {rules_for(s).step_slowdown:.3f}x"
                     for s in SETTINGS if s.stragglers)
-        + " the median rank, Alibaba PAI mini-batch times); node faults come from the InfiniteHBD "
-        "fault log (no notice: the work since the last checkpoint is lost), seeded per scenario. "
+        + " the median rank, Alibaba PAI mini-batch times). "
         f"Start windows per zone: {windows}, evenly spaced over each trace (leave-time-out: over "
         "its second half).",
         "protocols": {LOCO: "every collection held out in turn; fit on the others",
