@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Iterable
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from benchmarks.cost.suite import (
     build_scenarios,
     default_policies,
     oracle_violations,
+    progress_bar,
     rules_for,
     run_scenarios,
     time_full_trace,
@@ -108,16 +108,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _progress(enabled: bool, label: str) -> Callable[[Iterable], Iterable] | None:
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return lambda items: tqdm(items, desc=label, file=sys.stderr, leave=False)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
@@ -153,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             scenarios = build_scenarios(setting, rules, windows, max_zones=max_zones,
                                         protocol=protocol)
             outcomes += run_scenarios(scenarios, policies,
-                                      _progress(show, f"{protocol} {setting.name}"), factories)
+                                      progress_bar(show, f"{protocol} {setting.name}"), factories)
     sweep_outcomes = []
     rules = rules_for(SINGLE_NODE)
     for deadline_h in sweep_deadlines:
@@ -169,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             protocol=LOCO,
         )
         sweep_outcomes += run_scenarios(
-            scenarios, policies, _progress(show, f"sweep {deadline_h:g} h"), factories
+            scenarios, policies, progress_bar(show, f"sweep {deadline_h:g} h"), factories
         )
     # The learned policy needs a fold (a held-out part); a whole-trace replay has none.
     full_trace_s = time_full_trace(tuple(p for p in policies if p != LEARNED),

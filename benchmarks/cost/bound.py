@@ -42,6 +42,7 @@ from benchmarks.cost.suite import (
     Setting,
     build_scenarios,
     oracle_violations,
+    progress_bar,
     risk_model_for,
     rules_for,
     run_scenarios,
@@ -352,16 +353,6 @@ share sampled / model" checks the sampler against the model's long-run share of 
 availability (they differ by time-of-day effects, the tick grid and sampling error)."""
 
 
-def _progress(enabled: bool, label: str) -> Callable[[Iterable], Iterable] | None:
-    if not enabled:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return lambda items: tqdm(items, desc=label, file=sys.stderr, leave=False)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cost.bound",
                                      description=__doc__.split("\n\n")[0])
@@ -400,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         cell, *sizes[cell.key[:2]], burn_in_s, QUICK_ZONES[cell.kind] if args.quick else None)
         for cell in cells}
     scenarios = [s for cell in cells for s in by_cell[cell.key]]
-    outcomes = run_scenarios(scenarios, POLICIES, _progress(not args.no_progress, "bound"),
+    outcomes = run_scenarios(scenarios, POLICIES, progress_bar(not args.no_progress, "bound"),
                              {TRAINWISE: trainwise_with_true_model(
                                  {cell.key: cell.model for cell in cells})})
     real = real_figures(args.real)

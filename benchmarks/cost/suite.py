@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import time
 import zlib
 from collections.abc import Callable, Iterable
@@ -395,6 +396,17 @@ def _result_row(result: Any) -> dict[str, Any]:
         "changeovers": result.changeovers,
         "faults": result.faults,
     }
+
+
+def progress_bar(enabled: bool, label: str) -> Callable[[Iterable], Iterable] | None:
+    """A tqdm bar over scenarios on stderr (None when disabled or tqdm is missing)."""
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return lambda items: tqdm(items, desc=label, file=sys.stderr, leave=False)
 
 
 def run_scenarios(
