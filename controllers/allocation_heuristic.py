@@ -394,7 +394,8 @@ class TrainwiseAllocationPolicy:
         self._plan_key: tuple | None = None
         self._levels_by_n: dict[int, tuple[int, ...]] = {}
         self._base_interval: float | None = None
-        self._base_why = ""
+        # A single node's fault-only checkpoint interval (Daly's), None: the job's own.
+        self._daly_s: float | None = None
         self._base_model = self.model
         self._prior_model = self.model
         self._gang_models: dict[int, PreemptionRiskModel] = {}
@@ -443,29 +444,30 @@ class TrainwiseAllocationPolicy:
             levels = self._levels_by_n[n] = tuple(sorted(found, reverse=True))
         return levels
 
-    def _job_interval(self, obs: AllocationObservation) -> tuple[float, str]:
-        """(the job's checkpoint interval, why): Daly's interval for node faults when the save
-        fits in the notice and no fault reserve is kept (`fault_checkpoint_interval`), else the
-        job's own."""
-        cfg, n, own_s = self.config, obs.node_count, obs.checkpoint_interval_s
-        save_s = obs.checkpoint_save_s
-        own = f"back to the job's checkpoint interval ({own_s / 60:.0f} min)"
-        if not (cfg.fault_checkpoint_interval and 0 < save_s <= obs.notice_s
-                and math.isfinite(own_s) and cfg.fault_rate_per_node_h > 0):
-            return own_s, own
-        if n > 1:
+    def _fault_only_interval_s(self, obs: AllocationObservation) -> float | None:
+        """Daly's interval for node faults when a single node's save fits in the notice
+        (`fault_checkpoint_interval`) and it is longer than the job's own; else None."""
+        cfg, own_s, save_s = self.config, obs.checkpoint_interval_s, obs.checkpoint_save_s
+        if not (cfg.fault_checkpoint_interval and obs.node_count == 1
+                and 0 < save_s <= obs.notice_s and math.isfinite(own_s)
+                and cfg.fault_rate_per_node_h > 0):
             # Gangs keep the job's interval: their fault reserve is sized on it, and on a short
             # 16-node job the slack it freed made the scoring take on-demand, then spot a tick
             # later once the launch was paid (thin-slack tests): a second changeover.
-            return own_s, own
-        mtbf_s = 3600.0 / (n * cfg.fault_rate_per_node_h)
-        fault_s = daly_interval_s(save_s, mtbf_s)
-        if fault_s <= own_s:
-            return own_s, own
-        return fault_s, (
-            f"checkpoint every {fault_s / 3600:.1f} h: a {save_s:.0f} s save fits in the "
-            f"{obs.notice_s:.0f} s notice, so only node faults (MTBF {mtbf_s / 3600:,.0f} h) "
-            "need periodic saves (Daly's interval)")
+            return None
+        fault_s = daly_interval_s(save_s, 3600.0 / cfg.fault_rate_per_node_h)
+        return fault_s if fault_s > own_s else None
+
+    def _fault_interval_s(self, own_s: float, risk_s: float, c: float, slack_with) -> float:
+        """The longest of Daly's interval and its halvings (down to the job's own) whose loss
+        to a fault, plus the restart, still leaves the slack above the net: a fault must never
+        cost the deadline. The job's own interval when none does."""
+        interval = self._daly_s
+        while interval is not None and interval > own_s:
+            if slack_with(interval) - (risk_s + c + interval) >= 0:
+                return interval
+            interval /= 2.0
+        return own_s
 
     def _base_interval_s(self, obs: AllocationObservation) -> float:
         """The job's own checkpoint interval (the one in force at its first tick, set in
@@ -488,6 +490,8 @@ class TrainwiseAllocationPolicy:
         else:
             unsaved_h = (obs.work_done_h - obs.work_checkpointed_h) / obs.work_rate_gpu_h_per_h
             risk_s = obs.tick_s + unsaved_h * 3600.0
+        if self._daly_s is not None:
+            base_s = self._fault_interval_s(base_s, risk_s, c, slack_with)
         interval_s = base_s
         fault_s = cfg.fault_reserve_s
         p_fault = -math.expm1(-n * cfg.fault_rate_per_node_h * run_s / 3600.0)
@@ -561,7 +565,8 @@ class TrainwiseAllocationPolicy:
         last_s = self._tracker.last_time_s
         if self._base_interval is None or last_s is None or obs.time_s < last_s:
             # A new job (or a rerun).
-            self._base_interval, self._base_why = self._job_interval(obs)
+            self._base_interval = obs.checkpoint_interval_s
+            self._daly_s = self._fault_only_interval_s(obs)
         self._tracker.update(obs, self._levels(n),
                              self._prior_model if self._observed is not None else self.model)
         if self._observed is not None:
@@ -595,7 +600,12 @@ class TrainwiseAllocationPolicy:
             why = f"checkpoint every {want_s / 60:.0f} min so a node fault fits the thin slack"
         else:
             want_s = sit.base_interval_s
-            why = self._base_why or f"back to the job's checkpoint interval ({want_s / 60:.0f} min)"
+            why = f"back to the job's checkpoint interval ({want_s / 60:.0f} min)"
+            if self._daly_s is not None and want_s > self._base_interval_s(obs):
+                why = (f"checkpoint every {want_s / 3600:.1f} h: a {obs.checkpoint_save_s:.0f} s "
+                       f"save fits in the {obs.notice_s:.0f} s notice, so only node faults need "
+                       f"periodic saves (Daly's interval {self._daly_s / 3600:.1f} h, halved "
+                       "until losing one still fits the slack)")
         if want_s == obs.checkpoint_interval_s:
             return action
         action.numbers["checkpoint_interval_s"] = want_s
