@@ -268,12 +268,14 @@ def test_a_fault_never_costs_the_deadline():
     window = market([np.zeros(ticks, dtype=int)])  # on-demand all along
     for fault_at_h in (3.3, 10.0, 20.0, 30.0, 40.0, 46.0):
         class OneFault:  # the simulator's fault sampler, with one fault at a chosen instant
-            @staticmethod
-            def fault_times_s(horizon_s: float, nodes: int) -> list[float]:
-                return [fault_at_h * 3600.0]
+            def __init__(self, at_s: float) -> None:
+                self.at_s = at_s
+
+            def fault_times_s(self, horizon_s: float, nodes: int) -> list[float]:
+                return [self.at_s]
 
         result = simulate(TrainwiseAllocationPolicy(), job, RULES, window,
-                          fault_sampler=OneFault())
+                          fault_sampler=OneFault(fault_at_h * 3600.0))
         assert result.faults == 1 and result.deadline_met, fault_at_h
 
 
