@@ -79,7 +79,13 @@ from controllers.allocation_planner import (
 from controllers.allocation_types import AllocationAction, AllocationObservation
 from controllers.checkpointing import daly_interval_s
 from controllers.online_risk import ObservedRuns, moved, with_multipliers
-from controllers.preemption_risk import DOWN, POOLED_ZONE, UP, PreemptionRiskModel
+from controllers.preemption_risk import (
+    DOWN,
+    GANG_HAZARD_EXPONENT,
+    POOLED_ZONE,
+    UP,
+    PreemptionRiskModel,
+)
 from controllers.validation import number_problem
 
 # Caps on the plan grid (steps of time, levels of slack).
@@ -128,7 +134,7 @@ class TrainwiseAllocationConfig:
     # Gangs larger than the model's fitted sizes: m groups of the largest fitted size count as
     # m ** this many independent ones (`PreemptionRiskModel.with_gang_levels`; 0.23 read off
     # the 4-node folder in ../shared/data, where capacity mostly goes in blocks).
-    gang_hazard_exponent: float = 0.23
+    gang_hazard_exponent: float = GANG_HAZARD_EXPONENT
     # A spot launch's expected cost to finish must beat on-demand's by this share (0.05 cost
     # the 40 h / 52 h 4-node gang 2.4% more on the 4-node folder, 18 windows: 0.985x vs 0.962x
     # Uniform Progress; no change on the short gang job).

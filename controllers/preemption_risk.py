@@ -43,6 +43,11 @@ DOWN = "down"
 STATES = (UP, DOWN)
 POOLED_ZONE = "*"
 DAY_S = 86400.0
+# A gang of N spot nodes counts as N ** this many independent single nodes where no curve of its
+# own is fitted (`with_gang_levels`, `gang_curves`; 0.23 read off the 4-node folder in
+# ../shared/data, where capacity mostly goes in blocks: a 4-node gang's up runs last 0.73x a
+# single node's, pooled).
+GANG_HAZARD_EXPONENT = 0.23
 # Ages beyond which a run's hazard is taken as constant (the last bin is open-ended).
 DEFAULT_AGE_EDGES_S = (0.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 57600.0)
 
@@ -329,7 +334,7 @@ class PreemptionRiskModel:
         return tuple(self._levels.get((state, zone)) or self._levels.get((state, POOLED_ZONE))
                      or ())
 
-    def with_gang_levels(self, levels: Sequence[int], exponent: float = 0.23
+    def with_gang_levels(self, levels: Sequence[int], exponent: float = GANG_HAZARD_EXPONENT
                          ) -> PreemptionRiskModel:
         """This model plus curves for gang sizes above the largest fitted one, per zone.
 
@@ -355,7 +360,6 @@ class PreemptionRiskModel:
                 continue
             up_curve, down_curve = self.curves[(UP, zone, top)], self.curves[(DOWN, zone, top)]
             up_s, down_s = self.mean_run_s(zone, top, UP), self.mean_run_s(zone, top, DOWN)
-            share = up_s / (up_s + down_s)
             rho = exponent
             if top > 1 and (UP, zone, 1) in self.curves:
                 ratio = self.mean_run_s(zone, 1, UP) / up_s
@@ -363,12 +367,8 @@ class PreemptionRiskModel:
             for level in sorted(set(levels)):
                 if level <= top or (UP, zone, level) in curves:
                     continue
-                k = (level / top) ** rho
-                gang_share = max(share ** k, 1e-9)
-                gang_down_s = up_s / k * (1.0 - gang_share) / gang_share
-                down_factor = down_s / max(gang_down_s, 1e-9)
-                curves[(UP, zone, level)] = _scaled(up_curve, k)
-                curves[(DOWN, zone, level)] = _scaled(down_curve, down_factor)
+                curves[(UP, zone, level)], curves[(DOWN, zone, level)] = gang_curves(
+                    up_curve, down_curve, up_s, down_s, (level / top) ** rho)
                 added = True
         if not added:
             return self
@@ -423,6 +423,21 @@ class PreemptionRiskModel:
             for state, mean_s in ((UP, mean_up_s), (DOWN, mean_down_s)):
                 curves[(state, zone, spot_nodes)] = HazardCurve((0.0,), (3600.0 / mean_s,))
         return cls(curves, fitted_on=fitted_on)
+
+
+def gang_curves(up_curve: HazardCurve, down_curve: HazardCurve, mean_up_s: float,
+                mean_down_s: float, k: float) -> tuple[HazardCurve, HazardCurve]:
+    """(up, down) curves of a gang that counts as `k` independent copies of the unit whose
+    curves and mean runs are given: up runs end k times as fast (survival S^k), and the long-run
+    share falls to a^k (a: the unit's share), so down spells last mean_up / k x (1 - a^k) / a^k
+    and the down hazard is scaled to match. k = 1 returns the unit's curves unchanged."""
+    if k == 1.0:
+        return up_curve, down_curve
+    share = mean_up_s / (mean_up_s + mean_down_s)
+    gang_share = max(share ** k, 1e-9)
+    gang_down_s = mean_up_s / k * (1.0 - gang_share) / gang_share
+    return (_scaled(up_curve, k),
+            _scaled(down_curve, mean_down_s / max(gang_down_s, 1e-9)))
 
 
 def _scaled(curve: HazardCurve, factor: float) -> HazardCurve:

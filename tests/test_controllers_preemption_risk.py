@@ -205,3 +205,37 @@ def test_on_real_traces_the_fitted_model_predicts_held_out_ticks_better_than_a_c
     constant_ll, _ = log_likelihood(constant, zone_only, *held_out)
     assert hours == pytest.approx(3_000 * target.tick_s / 3600.0)
     assert fitted_ll > constant_ll
+
+
+def test_a_gang_level_without_ticks_of_its_own_reads_a_gang_scaled_prior_when_asked():
+    """Leave-one-collection-out gives a 16-node market no ticks of its own: with the gang prior
+    on, its whole-gang level is priced as 16 ** 0.23 independent nodes (shorter, rarer runs);
+    off (default), every level reads the one-node global curve."""
+    rng = np.random.default_rng(11)
+    other = history(alternating(rng, 40_000, lambda a: 0.5, lambda a: 1.0), name="other")
+    zones = ("us-test-1a",)
+    target = AvailabilityHistory("gang16", zones, TICK_S, np.full((1, 10), 16), 16)
+    base = RiskFitConfig(age_edges_s=(0.0,), hour_bins=1)
+    off = fit_risk_model(target, 0, prior=[other], spot_levels=[1, 16], config=base)
+    assert off.mean_run_s("us-test-1a", 16) == pytest.approx(off.mean_run_s("us-test-1a", 1))
+    on = fit_risk_model(target, 0, prior=[other], spot_levels=[1, 16],
+                        config=RiskFitConfig(age_edges_s=(0.0,), hour_bins=1,
+                                             gang_hazard_exponent=0.23))
+    k = 16 ** 0.23
+    one_up = on.curve("us-test-1a", 1, UP).rate_per_h[0]
+    assert one_up == pytest.approx(off.curve("us-test-1a", 1, UP).rate_per_h[0])
+    assert on.curve("us-test-1a", 16, UP).rate_per_h[0] == pytest.approx(one_up * k, rel=1e-6)
+    share_one = on.availability_share("us-test-1a", 1)
+    assert on.availability_share("us-test-1a", 16) == pytest.approx(share_one ** k, rel=1e-3)
+    # With ticks of its own, the level's own runs outweigh the scaled prior.
+    own = AvailabilityHistory("gang16", zones, TICK_S, 16 * alternating(
+        rng, 40_000, lambda a: 0.2, lambda a: 2.0)[None, :], 16)
+    fitted = fit_risk_model(own, 40_000, prior=[other], spot_levels=[16],
+                            config=RiskFitConfig(age_edges_s=(0.0,), hour_bins=1,
+                                                 gang_hazard_exponent=0.23))
+    assert fitted.curve("us-test-1a", 16, UP).rate_per_h[0] == pytest.approx(0.2, rel=0.2)
+
+
+def test_the_gang_exponent_must_be_a_share():
+    with pytest.raises(ValueError, match="gang_hazard_exponent"):
+        RiskFitConfig(gang_hazard_exponent=1.5)
