@@ -14,6 +14,7 @@ SUITES = {
     "faults": "benchmarks.faults.__main__",
     "cant_be_late": "benchmarks.cant_be_late.__main__",
     "cant_be_late_trainwise": "benchmarks.cant_be_late.trainwise",
+    "cant_be_late_ceiling": "benchmarks.cant_be_late.ceiling",
     "stragglers_ddp": "benchmarks.stragglers_ddp",
     "time_to_quality": "benchmarks.time_to_quality.__main__",
     "rl": "benchmarks.rl.run",
