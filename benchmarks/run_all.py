@@ -7,6 +7,7 @@ import importlib
 SUITES = {
     "cost": "benchmarks.cost",
     "cost_bound": "benchmarks.cost.bound",
+    "cost_mismatch": "benchmarks.cost.mismatch",
     "controller": "benchmarks.controller_overhead",
     "fast_layer": "benchmarks.fast_layer",
     "data": "benchmarks.data",

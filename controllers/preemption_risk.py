@@ -436,11 +436,11 @@ def gang_curves(up_curve: HazardCurve, down_curve: HazardCurve, mean_up_s: float
     share = mean_up_s / (mean_up_s + mean_down_s)
     gang_share = max(share ** k, 1e-9)
     gang_down_s = mean_up_s / k * (1.0 - gang_share) / gang_share
-    return (_scaled(up_curve, k),
-            _scaled(down_curve, mean_down_s / max(gang_down_s, 1e-9)))
+    return (scaled_curve(up_curve, k),
+            scaled_curve(down_curve, mean_down_s / max(gang_down_s, 1e-9)))
 
 
-def _scaled(curve: HazardCurve, factor: float) -> HazardCurve:
+def scaled_curve(curve: HazardCurve, factor: float) -> HazardCurve:
     """`curve` with every age bin's rate times `factor` (time of day kept)."""
     return HazardCurve(curve.age_edges_s, tuple(r * factor for r in curve.rate_per_h),
                        curve.hour_factor, curve.events, curve.exposure_h)
