@@ -97,6 +97,7 @@ def train_policy(
     the clone's agreement; pass an MLflow logger to record them.
     """
     start = time.perf_counter()
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.monitor import Monitor
 
     from trainwise import settings
@@ -111,6 +112,9 @@ def train_policy(
         learning_rate=learning_rate, ent_coef=0.001, gamma=0.999, gae_lambda=0.95,
         policy_kwargs=POLICY_KWARGS, seed=seed, verbose=0, device="cpu",
     )
+    # SB3's default logger makes an empty tempdir/SB3-<time> folder on every learn(), even at
+    # verbose=0: daily and weekly retraining would leave one per run. Log nowhere instead.
+    model.set_logger(Logger(folder=None, output_formats=[]))
     probe = make_env()
     states = collect_heuristic_states(probe, bc_states, seed)
     probe.close()

@@ -1,5 +1,7 @@
 """PPO with the behaviour-cloned warm start: version 1 acts exactly as the heuristic."""
 
+import tempfile
+
 import numpy as np
 import pytest
 
@@ -20,7 +22,10 @@ def split():
     return make_split(region="us-west-2", windows_per_zone=6, kinds=("single_zone",))
 
 
-def test_tiny_ppo_on_the_fast_env_runs_and_logs_a_curve():
+def test_tiny_ppo_on_the_fast_env_runs_and_logs_a_curve(tmp_path, monkeypatch):
+    # Training leaves nothing in the temp folder (SB3's default logger makes an SB3-<time>
+    # folder there on every learn()).
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     curve = []
     model, report = train_policy(lambda: FastEnv(episode_ticks=32), total_timesteps=512, n_envs=2,
                                  n_steps=128, bc_states=256,
@@ -28,6 +33,7 @@ def test_tiny_ppo_on_the_fast_env_runs_and_logs_a_curve():
     assert report.bc_agreement == 1.0
     assert report.ppo_timesteps == 512 and report.episode_returns
     assert any(name == "episode_return" for name, _, _ in curve)
+    assert not list(tmp_path.glob("SB3-*"))
 
 
 def test_version_1_the_clone_costs_exactly_what_the_heuristic_costs(split):
