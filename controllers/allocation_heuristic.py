@@ -143,7 +143,12 @@ class TrainwiseAllocationConfig:
     # preemption of any spot node relaunches the whole gang, and partial counts flap far more
     # than whole-gang capacity (on the 4-node folder, 18 windows of the 40 h / 52 h gang: with
     # (1, .75, .5, .25) 1.013x Uniform Progress and 38 changeovers where it paid 17; whole-gang
-    # only 0.962x). In-sample: the only real gang data in ../shared/data.
+    # only 0.962x). In-sample: the only real gang data in ../shared/data. Re-measured on the
+    # cost suite (8 windows per zone): (1, .75, .5) costs the real 4-node gang 0.978x Uniform
+    # Progress single-zone where whole-gang costs 0.956x (LOCO; LTO 0.984x vs 0.958x), and cuts
+    # the SYNTHETIC 16-node gang to 0.817x from 0.983x (multi-zone 0.562x from 0.751x) while its
+    # windows costlier than on-demand rise to 16.7% from 4.2%; a plan solved per set size did
+    # not change that picture. A real large-gang market decides; until then, whole gangs.
     spot_fractions: tuple[float, ...] = (1.0,)
     # Single zone, single node: follow the slack plan (else score node sets as for many zones).
     use_plan: bool = True
