@@ -141,3 +141,16 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"cannot write {type(value).__name__} to JSON: {value!r}")
+
+
+def write_suite_results(out_dir: str | Path | None, quick: bool, default_out: str | Path,
+                        stem: str, module: str, argv: list[str] | None, payload: dict[str, Any],
+                        markdown: str) -> tuple[Path, Path] | None:
+    """A suite's results where asked: `out_dir`, else `default_out` unless `quick` (a smoke run
+    writes nothing unless told where), its command line (`python -m module argv`) as the
+    provenance; None when nothing is written."""
+    target = out_dir if out_dir is not None else (None if quick else default_out)
+    if target is None:
+        return None
+    command = ["python", "-m", module, *(argv if argv is not None else sys.argv[1:])]
+    return write_results(target, stem, payload, markdown, provenance(command))

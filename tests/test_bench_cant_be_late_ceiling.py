@@ -11,15 +11,9 @@ import pytest
 from benchmarks.cant_be_late import ceiling as C
 from benchmarks.cant_be_late import scenario as S
 from benchmarks.cant_be_late import trainwise as T
-from cloud.traces import default_spot_dir
+from tests.shared_data import needs_cant_be_late_reference
 
-PEERS = S.peers_dir()
-pytestmark = pytest.mark.skipif(
-    not (PEERS / "policies-per-window.csv.gz").exists()
-    or not all((default_spot_dir() / f).is_dir() for f in S.COLLECTIONS.values()),
-    reason=f"the Can't Be Late reference ({PEERS}) or its traces are missing: this test needs "
-    "../shared/data (TRAINWISE_DATA_DIR)",
-)
+pytestmark = needs_cant_be_late_reference
 FOLDER = "preemption-1node-aws-2023-04"
 
 

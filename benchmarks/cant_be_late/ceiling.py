@@ -30,7 +30,7 @@ from benchmarks.cant_be_late import scenario as S
 from benchmarks.cant_be_late import trainwise as T
 from benchmarks.cost.protocol import at_window_start
 from benchmarks.cost.stats import block_bootstrap, independent_windows, time_blocks
-from benchmarks.results_io import provenance, write_results
+from benchmarks.results_io import write_suite_results
 from cloud.policy_registry import make_policy
 from cloud.risk_fit import AvailabilityHistory, fit_risk_model
 from cloud.simulator import simulate
@@ -187,13 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     summary = summarize(rows)
     text = markdown(summary, stride, args.quick, elapsed)
-    out = args.out if args.out is not None else (None if args.quick else T.DEFAULT_OUT)
-    if out is not None:
-        payload = {"policy": T.POLICY, "stride": stride, "quick": args.quick,
-                   "sources": list(SOURCES), "summary": summary, "elapsed_s": elapsed}
-        command = ["python", "-m", "benchmarks.cant_be_late.ceiling",
-                   *(argv if argv is not None else sys.argv[1:])]
-        write_results(out, RESULTS_STEM, payload, text, provenance(command))
+    payload = {"policy": T.POLICY, "stride": stride, "quick": args.quick,
+               "sources": list(SOURCES), "summary": summary, "elapsed_s": elapsed}
+    write_suite_results(args.out, args.quick, T.DEFAULT_OUT, RESULTS_STEM,
+                        "benchmarks.cant_be_late.ceiling", argv, payload, text)
     print(text)
     return 0
 

@@ -36,7 +36,7 @@ from benchmarks.cant_be_late import scenario as S
 from benchmarks.cost import suite
 from benchmarks.cost.protocol import FitSplit, at_window_start, fit_for_split, loco_split
 from benchmarks.cost.stats import block_bootstrap, independent_windows, robustness, time_blocks
-from benchmarks.results_io import provenance, write_results
+from benchmarks.results_io import write_suite_results
 from cloud.policy_registry import make_policy
 from cloud.simulator import Market, simulate
 from controllers.preemption_risk import PreemptionRiskModel
@@ -302,11 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                "optimum_tolerance_usd": OPTIMUM_TOLERANCE_USD, "models": result["models"],
                "summary": summary, "windows": compact_windows(result["rows"]), "elapsed_s": elapsed}
     text = markdown(summary, result["models"], stride, args.quick, elapsed)
-    out = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    if out is not None:
-        command = ["python", "-m", "benchmarks.cant_be_late.trainwise",
-                   *(argv if argv is not None else sys.argv[1:])]
-        write_results(out, RESULTS_STEM, payload, text, provenance(command))
+    write_suite_results(args.out, args.quick, DEFAULT_OUT, RESULTS_STEM,
+                        "benchmarks.cant_be_late.trainwise", argv, payload, text)
     print(text)
     return 0
 

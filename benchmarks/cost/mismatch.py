@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from benchmarks.cost import bound as B
 from benchmarks.cost.protocol import LOCO, at_window_start
 from benchmarks.cost.stats import block_bootstrap, robustness
 from benchmarks.cost.suite import SINGLE_NODE, Scenario, progress_bar, run_scenarios
-from benchmarks.results_io import provenance, write_results
+from benchmarks.results_io import write_suite_results
 from controllers.allocation_heuristic import TrainwiseAllocationConfig, TrainwiseAllocationPolicy
 from controllers.preemption_risk import UP, PreemptionRiskModel, scaled_curve
 
@@ -187,16 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarize(records)
     elapsed = time.perf_counter() - started
     text = markdown(rows, windows, seeds, args.quick, elapsed)
-    out = args.out if args.out is not None else (None if args.quick else DEFAULT_OUT)
-    if out is not None:
-        payload = {"policies": list(POLICIES), "distortions": [list(d) for d in distortions],
-                   "online_prior_events": ONLINE_PRIOR_EVENTS, "windows_per_cell": windows,
-                   "seeds_per_cell": seeds, "quick": args.quick,
-                   "cells": [list(c.key) for c in cells], "rows": rows, "windows": records,
-                   "elapsed_s": elapsed}
-        command = ["python", "-m", "benchmarks.cost.mismatch",
-                   *(argv if argv is not None else sys.argv[1:])]
-        write_results(out, RESULTS_STEM, payload, text, provenance(command))
+    payload = {"policies": list(POLICIES), "distortions": [list(d) for d in distortions],
+               "online_prior_events": ONLINE_PRIOR_EVENTS, "windows_per_cell": windows,
+               "seeds_per_cell": seeds, "quick": args.quick,
+               "cells": [list(c.key) for c in cells], "rows": rows, "windows": records,
+               "elapsed_s": elapsed}
+    write_suite_results(args.out, args.quick, DEFAULT_OUT, RESULTS_STEM,
+                        "benchmarks.cost.mismatch", argv, payload, text)
     print(text)
     return 0
 
