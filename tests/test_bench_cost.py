@@ -58,6 +58,14 @@ def test_quick_suite_writes_table_json_and_plot(quick_run):
     assert "synthetic:" not in headlines and "synthetic: 4 x" in synthetic_part
     assert "in_sample" not in markdown and "| uniform_progress |" in markdown
     assert (out / "cost_vs_slack.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The short gang job (issue 9's thin-slack case): apart from the headline, both protocols.
+    short = document["short_jobs"]
+    assert {(r["protocol"], r["setting"], r["kind"]) for r in short["headline"]} == {
+        (p, "gang_4node_short", k) for p in ("leave_one_collection_out", "leave_time_out")
+        for k in ("single_zone", "multi_zone")}
+    assert "trainwise_learned" not in short["policies"]
+    assert all(r["setting"] != "gang_4node_short" for r in headline)
+    assert "## Short gang job" in markdown
     # The learned policy has no whole-trace replay: it needs a held-out fold.
     assert document["timing"]["full_trace_s"].keys() == REGISTRY_POLICIES
 

@@ -14,6 +14,8 @@ from benchmarks.cost.protocol import LOCO, LTO, LTO_FIT_SHARE, PROTOCOLS
 from benchmarks.cost.stats import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED
 from benchmarks.cost.suite import (
     SETTINGS,
+    SHORT_SETTINGS,
+    SHORT_WINDOWS_FACTOR,
     SINGLE_NODE,
     build_scenarios,
     default_policies,
@@ -161,11 +163,22 @@ def main(argv: list[str] | None = None) -> int:
         sweep_outcomes += run_scenarios(
             scenarios, policies, progress_bar(show, f"sweep {deadline_h:g} h"), factories
         )
+    # The short gang job: every policy but the learned one (trained on 48 h single-node windows).
+    short_policies = tuple(p for p in policies if p != LEARNED)
+    short_windows = windows * SHORT_WINDOWS_FACTOR
+    short_outcomes = []
+    for protocol in PROTOCOLS:
+        for setting in SHORT_SETTINGS:
+            scenarios = build_scenarios(setting, rules_for(setting), short_windows,
+                                        max_zones=max_zones, protocol=protocol)
+            short_outcomes += run_scenarios(
+                scenarios, short_policies, progress_bar(show, f"{protocol} {setting.name}"))
     # The learned policy needs a fold (a held-out part); a whole-trace replay has none.
     full_trace_s = time_full_trace(tuple(p for p in policies if p != LEARNED),
                                    repeats=1 if args.quick else 3)
 
-    violations = oracle_violations(outcomes) + oracle_violations(sweep_outcomes)
+    violations = (oracle_violations(outcomes) + oracle_violations(sweep_outcomes)
+                  + oracle_violations(short_outcomes))
     payload = {
         "notes": NOTES
         + "\n\nGangs: each step waits for the slowest rank ("
@@ -194,6 +207,13 @@ def main(argv: list[str] | None = None) -> int:
         "learned": None if learned is None else {
             **learned.summary(),
             "rows": report.learned_rows(outcomes, learned.summary()["folds"])},
+        "short_jobs": {
+            "settings": [{**asdict(s), "rules": asdict(rules_for(s))} for s in SHORT_SETTINGS],
+            "windows_per_zone": short_windows,
+            "policies": list(short_policies),
+            "headline": report.headline_rows(short_outcomes),
+            "policy_rows": report.policy_rows(short_outcomes, short_policies),
+        },
         "scenarios": report.scenario_records(outcomes),
         "timing": {"suite_wall_s": 0.0, "full_trace_s": full_trace_s},
     }

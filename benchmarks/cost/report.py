@@ -376,6 +376,7 @@ def render_markdown(payload: dict[str, Any], policies: tuple[str, ...]) -> str:
                     == (r["protocol"], r["setting"], r["kind"])]
             parts += ["", f"### Every policy, SYNTHETIC {r['setting']} - {r['kind']}", "",
                       policy_table(mine)]
+    parts += short_jobs_markdown(payload.get("short_jobs"))
     parts += [
         "", "## Cost vs deadline slack (leave-one-collection-out)", "",
         f"Single-node job, single-zone, folder {payload['sweep_folder']} "
@@ -404,6 +405,30 @@ def render_markdown(payload: dict[str, Any], policies: tuple[str, ...]) -> str:
         f"{len(payload['oracle_violations'])}.",
     ]
     return "\n".join(parts) + "\n"
+
+def short_jobs_markdown(short: dict[str, Any] | None) -> list[str]:
+    """The short gang job's section: per cell as in the headline (not counted in it), then every
+    policy per protocol and kind."""
+    if not short or not short["headline"]:
+        return []
+    parts = ["", "## Short gang job: issue 9's thin-slack case (not in the headline count)", "",
+             "; ".join(s["title"] for s in short["settings"]) + f". Start windows per zone: "
+             f"{short['windows_per_zone']}. The gang goal applies: below Uniform Progress "
+             "(upper end included), costlier than on-demand in at most 1% of windows. The "
+             "learned policy is not run (it is trained on 48 h single-node windows)."]
+    for protocol in (LOCO, LTO):
+        cells = [r for r in short["headline"] if r["protocol"] == protocol]
+        if cells:
+            parts += ["", f"### Short gang job, {PROTOCOL_TITLES[protocol]}", "",
+                      headline_table(cells)]
+        for kind in ("single_zone", "multi_zone"):
+            mine = [r for r in short["policy_rows"]
+                    if (r["protocol"], r["kind"]) == (protocol, kind)]
+            if mine:
+                parts += ["", f"### Every policy, short gang job, {protocol} - "
+                          f"{kind.replace('_', '-')}", "", policy_table(mine)]
+    return parts
+
 
 def sweep_points(
     outcomes: list[ScenarioOutcome], policies: tuple[str, ...], train_h: float
