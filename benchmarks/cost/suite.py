@@ -156,16 +156,13 @@ GANG_4NODE = Setting(
 SETTINGS = (SINGLE_NODE, GANG_4NODE, MULTI_NODE)
 # Issue 9's thin-slack case: a short gang job at the suite's slack ratio (52 / 40 = 5.2 / 4),
 # where one wasted changeover is a large share of the slack and of the bill. Reported apart.
-SHORT_GANG_4NODE = Setting(
+SHORT_GANG_4NODE = replace(
+    GANG_4NODE,
     name="gang_4node_short",
     title="4 x p3.2xlarge gang on the real 4-node market as recorded, 16 GPU-h of work (4 h), "
     "5.2 h deadline (the suite's slack ratio)",
-    folders=(MULTI_NODE_FOLDER,),
-    node_count=4,
     train_h=4.0,
     deadline_h=5.2,
-    stragglers=True,
-    faults=True,
 )
 SHORT_SETTINGS = (SHORT_GANG_4NODE,)
 # Short windows are cheap: this many times the suite's start windows per zone.
