@@ -13,16 +13,16 @@ from benchmarks.cost.learned import LEARNED, QUICK_BUDGET, SUITE_BUDGET, Learned
 from benchmarks.cost.protocol import LOCO, LTO, LTO_FIT_SHARE, PROTOCOLS
 from benchmarks.cost.stats import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED
 from benchmarks.cost.suite import (
-    SETTINGS,
-    SHORT_SETTINGS,
     SHORT_WINDOWS_FACTOR,
     SINGLE_NODE,
     build_scenarios,
     default_policies,
+    discovered_settings,
     oracle_violations,
     progress_bar,
     rules_for,
     run_scenarios,
+    short_settings,
     time_full_trace,
 )
 from benchmarks.results_io import provenance, write_results
@@ -136,9 +136,15 @@ def main(argv: list[str] | None = None) -> int:
         learned = LearnedPolicies(budget, args.learned_dir)
         factories = {LEARNED: learned.policy}
 
+    # Every collection in the spot data folder is scored (suite.settings_for): a collection a
+    # user adds with its collection.toml gets cells of its own, not only a place in the priors.
+    settings = discovered_settings()
+    single = next((s for s in settings if s.name == SINGLE_NODE.name), None)
+    sweep_folder = None if single is None else (
+        SWEEP_FOLDER if SWEEP_FOLDER in single.folders else single.folders[0])
     outcomes = []
     for protocol in PROTOCOLS:
-        for setting in SETTINGS:
+        for setting in settings:
             if protocol == LTO and setting.synthetic:
                 continue  # a time split of a shifted-copy market leaks (build_scenarios refuses)
             rules = rules_for(setting)
@@ -148,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                                       progress_bar(show, f"{protocol} {setting.name}"), factories)
     sweep_outcomes = []
     rules = rules_for(SINGLE_NODE)
-    for deadline_h in sweep_deadlines:
+    for deadline_h in (sweep_deadlines if sweep_folder else ()):
         scenarios = build_scenarios(
             SINGLE_NODE,
             rules,
@@ -156,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             kinds=("single_zone",),
             deadline_h=deadline_h,
             max_zones=max_zones,
-            folders=(SWEEP_FOLDER,),
+            folders=(sweep_folder,),
             starts_deadline_h=max(sweep_deadlines),
             protocol=LOCO,
         )
@@ -168,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     short_windows = windows * SHORT_WINDOWS_FACTOR
     short_outcomes = []
     for protocol in PROTOCOLS:
-        for setting in SHORT_SETTINGS:
+        for setting in short_settings(settings):
             scenarios = build_scenarios(setting, rules_for(setting), short_windows,
                                         max_zones=max_zones, protocol=protocol)
             short_outcomes += run_scenarios(
@@ -183,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         "notes": NOTES
         + "\n\nGangs: each step waits for the slowest rank ("
         + ", ".join(f"{s.node_count} nodes: {rules_for(s).step_slowdown:.3f}x"
-                    for s in SETTINGS if s.stragglers)
+                    for s in settings if s.stragglers)
         + " the median rank, Alibaba PAI mini-batch times). "
         f"Start windows per zone: {windows}, evenly spaced over each trace (leave-time-out: over "
         "its second half).",
@@ -194,21 +200,22 @@ def main(argv: list[str] | None = None) -> int:
                       "unit": "time block of one window length per collection"},
         "settings": [
             {**asdict(s), "synthetic": s.synthetic, "rules": asdict(rules_for(s))}
-            for s in SETTINGS
+            for s in settings
         ],
         "policies": list(policies),
         "windows_per_zone": windows,
         "quick": args.quick,
         "headline": report.headline_rows(outcomes),
         "policy_rows": report.policy_rows(outcomes, policies),
-        "sweep_folder": SWEEP_FOLDER,
+        "sweep_folder": sweep_folder,
         "sweep": report.sweep_points(sweep_outcomes, policies, SINGLE_NODE.train_h),
         "oracle_violations": violations,
         "learned": None if learned is None else {
             **learned.summary(),
             "rows": report.learned_rows(outcomes, learned.summary()["folds"])},
         "short_jobs": {
-            "settings": [{**asdict(s), "rules": asdict(rules_for(s))} for s in SHORT_SETTINGS],
+            "settings": [{**asdict(s), "rules": asdict(rules_for(s))}
+                         for s in short_settings(settings)],
             "windows_per_zone": short_windows,
             "policies": list(short_policies),
             "headline": report.headline_rows(short_outcomes),
@@ -217,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         "scenarios": report.scenario_records(outcomes),
         "timing": {"suite_wall_s": 0.0, "full_trace_s": full_trace_s},
     }
-    report.plot_cost_vs_slack(payload["sweep"], args.out / "cost_vs_slack.png")
+    if payload["sweep"]:
+        report.plot_cost_vs_slack(payload["sweep"], args.out / "cost_vs_slack.png")
     payload["timing"]["suite_wall_s"] = time.perf_counter() - started
     markdown = report.render_markdown(payload, policies)
     json_path, md_path = write_results(

@@ -30,14 +30,14 @@ from typing import Any
 
 from benchmarks.cost.protocol import LOCO, LTO, FitSplit, lto_split, lto_split_tick
 from benchmarks.cost.suite import (
-    GANG_4NODE,
     SINGLE_NODE,
-    SINGLE_NODE_FOLDERS,
     Scenario,
     all_collections,
     build_scenarios,
+    discovered_settings,
     policy_for,
     rules_for,
+    setting_of,
 )
 
 LEARNED = "trainwise_learned"
@@ -82,7 +82,9 @@ def fold_of(scenario: Scenario) -> Fold:
 def training_cells(fold: Fold, budget: LearnedBudget) -> list[Scenario]:
     """The cells fold `fold` trains on (module doc); never a window of its held-out part."""
     if fold.protocol == LOCO:
-        folders = tuple(f for f in SINGLE_NODE_FOLDERS if f != fold.held_out)
+        single = next((s.folders for s in discovered_settings() if s.name == SINGLE_NODE.name),
+                      ())
+        folders = tuple(f for f in single if f != fold.held_out)
         cells = build_scenarios(SINGLE_NODE, rules_for(SINGLE_NODE), budget.windows_per_zone,
                                 max_zones=budget.max_zones, folders=folders, protocol=LOCO)
         pool = tuple(c for c in all_collections() if c != fold.held_out)
@@ -92,7 +94,7 @@ def training_cells(fold: Fold, budget: LearnedBudget) -> list[Scenario]:
                 for c in cells]
     if fold.protocol != LTO:
         raise ValueError(f"fold protocol {fold.protocol!r} must be {LOCO!r} or {LTO!r}")
-    setting = SINGLE_NODE if fold.held_out in SINGLE_NODE_FOLDERS else GANG_4NODE
+    setting = setting_of(fold.held_out)
     cells = build_scenarios(setting, rules_for(setting), 2 * budget.windows_per_zone,
                             max_zones=budget.max_zones, folders=(fold.held_out,), protocol=LOCO)
     kept = []

@@ -377,7 +377,7 @@ def render_markdown(payload: dict[str, Any], policies: tuple[str, ...]) -> str:
             parts += ["", f"### Every policy, SYNTHETIC {r['setting']} - {r['kind']}", "",
                       policy_table(mine)]
     parts += short_jobs_markdown(payload.get("short_jobs"))
-    parts += [
+    parts += [] if not payload["sweep"] else [
         "", "## Cost vs deadline slack (leave-one-collection-out)", "",
         f"Single-node job, single-zone, folder {payload['sweep_folder']} "
         "(plot: `cost_vs_slack.png`); mean USD per job.", "",

@@ -54,7 +54,7 @@ from benchmarks.cost.protocol import (
     lto_split,
     lto_split_tick,
 )
-from cloud.collections import COLLECTION_FILE
+from cloud.collections import COLLECTION_FILE, read_collection
 from cloud.faults import FaultSampler, load_fault_trace
 from cloud.oracle import hindsight_optimum
 from cloud.policy_registry import make_policy, policy_names
@@ -80,6 +80,9 @@ SINGLE_NODE_FOLDERS = (
     "preemption-1node-aws-2023-04",
 )
 MULTI_NODE_FOLDER = "preemption-4node-aws-2023-08"
+MULTI_NODE_FOLDER_NODES = 4
+# The whole-trace replay timed for every policy (`time_full_trace`).
+TIMING_FOLDER = "availability-1node-aws-2023-02"
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,66 @@ SHORT_GANG_4NODE = replace(
 SHORT_SETTINGS = (SHORT_GANG_4NODE,)
 # Short windows are cheap: this many times the suite's start windows per zone.
 SHORT_WINDOWS_FACTOR = 3
+
+
+def gang_setting(nodes: int) -> Setting:
+    """The real-gang setting for a collection recording `nodes`-node markets: the 4-node gang's
+    job shape (40 h of full-gang training, 52 h deadline), run as recorded."""
+    if nodes == GANG_4NODE.node_count:
+        return GANG_4NODE
+    return replace(GANG_4NODE, name=f"gang_{nodes}node", node_count=nodes, folders=(),
+                   title=f"{nodes}-node gang on a real {nodes}-node market as recorded, 40 h of "
+                   "full-gang training, 52 h deadline")
+
+
+def settings_for(nodes_by_collection: dict[str, int]) -> tuple[Setting, ...]:
+    """The suite's settings over these collections (name -> nodes per file): every 1-node
+    collection in the single-node setting, every N-node one (N > 1) in the N-node gang setting
+    as recorded, and the SYNTHETIC 16-node market where its 4-node source is present. So a
+    collection a user adds (with its collection.toml) is scored, not only used as a prior."""
+    known = {folder: i for i, folder in enumerate(SINGLE_NODE_FOLDERS)}
+    single = sorted((c for c, n in nodes_by_collection.items() if n == 1),
+                    key=lambda c: (known.get(c, len(known)), c))
+    out = [replace(SINGLE_NODE, folders=tuple(single))] if single else []
+    gangs: dict[int, list[str]] = {}
+    for collection, nodes in nodes_by_collection.items():
+        if nodes > 1:
+            gangs.setdefault(nodes, []).append(collection)
+    out += [replace(gang_setting(n), folders=tuple(sorted(gangs[n]))) for n in sorted(gangs)]
+    if MULTI_NODE_FOLDER in gangs.get(MULTI_NODE_FOLDER_NODES, ()):
+        out.append(MULTI_NODE)
+    return tuple(out)
+
+
+def short_settings(settings: Iterable[Setting]) -> tuple[Setting, ...]:
+    """The short job (4 h of work, 5.2 h deadline) of every real gang setting."""
+    out = []
+    for s in settings:
+        if s.node_count == 1 or s.synthetic:
+            continue
+        base = SHORT_GANG_4NODE if s.node_count == GANG_4NODE.node_count else replace(
+            s, name=f"{s.name}_short", train_h=SHORT_GANG_4NODE.train_h,
+            deadline_h=SHORT_GANG_4NODE.deadline_h,
+            title=f"{s.title.split(',')[0]}, 4 h of work, 5.2 h deadline (the suite's slack "
+            "ratio)")
+        out.append(replace(base, folders=s.folders))
+    return tuple(out)
+
+
+def collection_nodes(name: str) -> int:
+    """Nodes per file of a collection in the spot data folder (its collection.toml)."""
+    return read_collection(default_spot_dir() / name).nodes_per_file
+
+
+def discovered_settings() -> tuple[Setting, ...]:
+    """`settings_for` every collection in the spot data folder."""
+    return settings_for({name: collection_nodes(name) for name in all_collections()})
+
+
+def setting_of(collection: str) -> Setting:
+    """The discovered setting that scores `collection` as recorded (single node or its gang)."""
+    nodes = collection_nodes(collection)
+    return SINGLE_NODE if nodes == 1 else gang_setting(nodes)
 
 
 @dataclass
@@ -533,8 +596,11 @@ def oracle_violations(outcomes: list[ScenarioOutcome], tolerance_usd: float = 1e
 
 def time_full_trace(policies: tuple[str, ...], repeats: int = 3) -> dict[str, float]:
     """Best-of-`repeats` seconds to replay the whole 45-day 2023-02 trace (20,158 ticks) in one
-    zone for one policy: a 900 GPU-h job with the trace's full length as its deadline."""
-    trace = next(t for t in load_folder("availability-1node-aws-2023-02") if t.zone == "us-west-2a")
+    zone for one policy: a 900 GPU-h job with the trace's full length as its deadline. {} when
+    that collection is not in the spot data folder."""
+    if TIMING_FOLDER not in all_collections():
+        return {}
+    trace = next(t for t in load_folder(TIMING_FOLDER) if t.zone == "us-west-2a")
     market = market_from_traces(
         [trace], (CANT_BE_LATE_SPOT_USD_PER_HOUR,), (CANT_BE_LATE_ON_DEMAND_USD_PER_HOUR,)
     )
