@@ -41,6 +41,7 @@ from benchmarks.cost.suite import (
     ScenarioOutcome,
     Setting,
     build_scenarios,
+    discovered_settings,
     oracle_violations,
     progress_bar,
     risk_model_for,
@@ -108,8 +109,13 @@ def suite_cells(protocols: Iterable[str], settings: Iterable[str] = tuple(SETTIN
     zones of one instance type), with their risk model (fitted on what the cell's split allows;
     the real run at the cutoff is replaced per synthetic window)."""
     cells = []
+    # The folders of every collection in the spot data folder (suite.discovered_settings), so a
+    # collection a user adds is in the model world too; a setting with none is skipped.
+    found = {s.name: s for s in discovered_settings()}
     for name in settings:
-        setting = SETTINGS[name]
+        setting = found.get(name)
+        if setting is None:
+            continue
         for protocol in protocols:
             seen = set()
             for scenario in build_scenarios(setting, rules_for(setting), 1, kinds=tuple(kinds),
