@@ -304,7 +304,7 @@ def _gang_prior(global_curves: dict[str, tuple[HazardCurve, np.ndarray]], level:
     the global curves themselves."""
     up, down = global_curves[UP][0], global_curves[DOWN][0]
     k = float(level) ** config.gang_hazard_exponent
-    if level <= 1 or k == 1.0:
+    if k == 1.0:  # a single node, or the prior off: no model to build
         return {UP: up, DOWN: down}
     unit = PreemptionRiskModel({(UP, POOLED_ZONE, 1): up, (DOWN, POOLED_ZONE, 1): down},
                                config.utc_offset_s, "global curves")

@@ -406,6 +406,7 @@ def render_markdown(payload: dict[str, Any], policies: tuple[str, ...]) -> str:
     ]
     return "\n".join(parts) + "\n"
 
+
 def short_jobs_markdown(short: dict[str, Any] | None) -> list[str]:
     """The short gang job's section: per cell as in the headline (not counted in it), then every
     policy per protocol and kind."""

@@ -80,7 +80,6 @@ SINGLE_NODE_FOLDERS = (
     "preemption-1node-aws-2023-04",
 )
 MULTI_NODE_FOLDER = "preemption-4node-aws-2023-08"
-MULTI_NODE_FOLDER_NODES = 4
 # The whole-trace replay timed for every policy (`time_full_trace`).
 TIMING_FOLDER = "availability-1node-aws-2023-02"
 
@@ -196,7 +195,7 @@ def settings_for(nodes_by_collection: dict[str, int]) -> tuple[Setting, ...]:
         if nodes > 1:
             gangs.setdefault(nodes, []).append(collection)
     out += [replace(gang_setting(n), folders=tuple(sorted(gangs[n]))) for n in sorted(gangs)]
-    if MULTI_NODE_FOLDER in gangs.get(MULTI_NODE_FOLDER_NODES, ()):
+    if MULTI_NODE_FOLDER in gangs.get(MULTI_NODE.node_count // MULTI_NODE.copies, ()):
         out.append(MULTI_NODE)
     return tuple(out)
 
