@@ -12,8 +12,11 @@ least that many spot nodes):
    (events + k) / (hours + k / prior_rate), with `k = prior_events` pseudo-events at the pooled
    rate, i.e. the posterior mean under a Gamma(k, k / prior_rate) prior. The zone shrinks
    toward the pool of all zones of its market (same spot_nodes), the pool toward the global
-   curve of all series (prior folders included), the global curve toward its own flat rate. A
-   sparse bin therefore reads the pooled estimate; a well-observed one reads its own.
+   curve of all series (prior folders included). The global curve's youngest bin shrinks toward
+   its own flat rate and every older bin toward the bin before it (`age_chained_prior`), so an
+   age no run of the fit reached reads the oldest ages seen, not an average young runs
+   dominate. A sparse bin therefore reads the pooled estimate; a well-observed one reads its
+   own.
 3. Time of day: `hour_bins` equal bins of the day; factor = (events + k_tod * pooled_factor) /
    (events expected under the age curve + k_tod): proportional hazards, shrunk toward the pool
    and the pool toward 1.
@@ -78,6 +81,12 @@ class RiskFitConfig:
     # take spot less, and those runs paid even so. Kept off until a real large-gang market
     # shows it pays.
     gang_hazard_exponent: float = 0.0
+    # The global curve's age bins in order, each shrunk toward the rate of the bin before it
+    # (the first toward the flat rate), not all toward the flat rate. Why: an age bin no run of
+    # the fit reached (old runs of a calm spell the fit never saw) otherwise reads the flat
+    # rate of all ages, which young runs dominate, so a run older than any seen is priced as
+    # one minutes old.
+    age_chained_prior: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.gang_hazard_exponent <= 1.0:
@@ -184,13 +193,31 @@ def _shrunk(events: np.ndarray, hours: np.ndarray, prior: np.ndarray, k: float) 
     return (events + k) / (hours + k / prior)
 
 
+def _shrunk_chained(events: np.ndarray, hours: np.ndarray, first_prior: float, k: float
+                    ) -> np.ndarray:
+    """Posterior-mean rates with each age bin's Gamma prior centred on the bin before it (the
+    first on `first_prior`): a sparse bin reads its younger neighbour, the smoothness prior of
+    correlated piecewise hazards (Arjas & Gasbarra 1994)."""
+    rates = np.empty(len(events))
+    prior = first_prior
+    for i, (e, h) in enumerate(zip(events, hours)):
+        prior = rates[i] = (e + k) / (h + k / max(prior, 1e-6))
+    return rates
+
+
 def _curve(
     counts: np.ndarray, hours: np.ndarray, prior_rate: np.ndarray, prior_factor: np.ndarray,
-    config: RiskFitConfig,
+    config: RiskFitConfig, chained: bool = False,
 ) -> tuple[HazardCurve, np.ndarray]:
-    """One state's curve from [age, hour] counts, shrunk toward the prior; also its factors."""
+    """One state's curve from [age, hour] counts, shrunk toward the prior (`chained`: the
+    first bin toward prior_rate[0], each later bin toward the bin before it); also its
+    factors."""
     by_age_events, by_age_hours = counts.sum(axis=1), hours.sum(axis=1)
-    rate = _shrunk(by_age_events, by_age_hours, prior_rate, config.prior_events)
+    if chained:
+        rate = _shrunk_chained(by_age_events, by_age_hours, float(prior_rate[0]),
+                               config.prior_events)
+    else:
+        rate = _shrunk(by_age_events, by_age_hours, prior_rate, config.prior_events)
     expected = (hours * rate[:, None]).sum(axis=0)
     observed = counts.sum(axis=0)
     k_tod = config.tod_prior_events
@@ -272,7 +299,8 @@ def fit_risk_model(
                 FALLBACK_MEAN_UP_S if state == UP else FALLBACK_MEAN_DOWN_S) / 3600.0
         )
         global_curves[state] = _curve(
-            g_events, g_hours, np.full(len(config.age_edges_s), flat), ones, config
+            g_events, g_hours, np.full(len(config.age_edges_s), flat), ones, config,
+            chained=config.age_chained_prior,
         )
     for level in levels:
         level_prior = _gang_prior(global_curves, level, config)

@@ -131,6 +131,41 @@ def test_no_data_before_the_cutoff_falls_back_to_the_prior_or_a_constant():
     assert alone.mean_run_s("us-test-1a") == pytest.approx(7200.0, rel=1e-3)
 
 
+def runs_series(up_lengths: list[int], down_ticks: int) -> np.ndarray:
+    """Up runs of the given lengths (ticks), each followed by `down_ticks` down ticks."""
+    return np.concatenate([np.r_[np.ones(n, dtype=np.int64), np.zeros(down_ticks, np.int64)]
+                           for n in up_lengths])
+
+
+def test_an_age_no_run_reached_reads_its_younger_neighbour_not_the_flat_rate():
+    # Many 5-tick runs and some 100-tick (100 min) ones: no run reaches 2 h, so the two oldest
+    # bins have no exposure at all. Real case: the first half of a flapping market, then a
+    # calm spell whose runs are older than any the fit saw.
+    series = np.tile(runs_series([5] * 9 + [100], 3), 40)
+    edges = (0.0, 1800.0, 7200.0, 14400.0)
+    chained = fit_risk_model(history(series), series.size, config=RiskFitConfig(
+        age_edges_s=edges, hour_bins=1, age_chained_prior=True))
+    flat = fit_risk_model(history(series), series.size, config=RiskFitConfig(
+        age_edges_s=edges, hour_bins=1, age_chained_prior=False))
+    for model in (chained, flat):
+        assert model.curve("us-test-1a", 1, UP).exposure_h > 0
+    c = chained.curve(POOLED_ZONE, 1, UP).rate_per_h
+    f = flat.curve(POOLED_ZONE, 1, UP).rate_per_h
+    # Where there are data the two agree (the pseudo-events are few against 400 runs).
+    assert c[0] == pytest.approx(f[0], rel=0.02)
+    assert c[1] == pytest.approx(f[1], rel=0.05)
+    # The empty old bins: the flat rate of all ages (young runs dominate it) against the rate of
+    # the oldest ages seen.
+    assert f[2] > 2 * f[1] and f[3] > 2 * f[1]
+    assert c[2] == pytest.approx(c[1], rel=0.05) and c[3] == pytest.approx(c[1], rel=0.05)
+    # So a run 3 h old is expected to last longer than a fresh one, not shorter.
+    zone = "us-test-1a"
+    assert chained.expected_run_s(zone, 3 * 3600.0, 24 * 3600.0) > 2 * flat.expected_run_s(
+        zone, 3 * 3600.0, 24 * 3600.0)
+    assert chained.expected_run_s(zone, 3 * 3600.0, 24 * 3600.0) > chained.expected_run_s(
+        zone, 0.0, 24 * 3600.0)
+
+
 def test_constant_hazard_maths_is_exact():
     model = PreemptionRiskModel.constant(mean_up_s=3600.0, mean_down_s=1800.0)
     zone = "anywhere"  # falls back on the pooled curve
