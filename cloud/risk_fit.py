@@ -85,7 +85,12 @@ class RiskFitConfig:
     # (the first toward the flat rate), not all toward the flat rate. Why: an age bin no run of
     # the fit reached (old runs of a calm spell the fit never saw) otherwise reads the flat
     # rate of all ages, which young runs dominate, so a run older than any seen is priced as
-    # one minutes old.
+    # one minutes old. Found on the cost suite's worst window against Uniform Progress (LTO,
+    # 2-zone p3.16xlarge from tick 2414: no run of the fit's half passed 8 h, so a zone up for
+    # 14 h read 1.6 ends per hour and trainwise rode the other, flapping zone: 725 USD where
+    # Uniform Progress paid 383; now 380). Cost suite at a13fd81: that cell 1.258 -> 1.138x
+    # the oracle, LOCO 2023-04 multi-zone 1.139 -> 1.147x, every other cell within 0.3%, the
+    # Can't Be Late windows within 0.02%.
     age_chained_prior: bool = True
 
     def __post_init__(self) -> None:
