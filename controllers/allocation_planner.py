@@ -35,8 +35,14 @@ from controllers.preemption_risk import DOWN, UP, PreemptionRiskModel
 
 IDLE, ON_DEMAND, SPOT = 0, 1, 2
 ACTION_NAMES = ("idle", "on_demand", "spot")
-# Dollars added to a missed deadline on top of finishing on on-demand: no saving buys it back.
+# Dollars added to a missed deadline on top of finishing on on-demand, so that no saving buys it
+# back: at least MISS_PENALTY_USD and at least this many on-demand bills of the plan's horizon.
+# Why the bill: a fixed sum is a unit, not a constraint. A 16-node p4d.24xlarge gang bills about
+# 27,000 USD in a 52 h window on on-demand, so its spot savings alone outweigh 1e4 USD and the plan
+# would trade the deadline for them; prices scaled x300 changed a tight 4-node plan's moves. No
+# saving exceeds the on-demand bill, so ten of them put the deadline out of any saving's reach.
 MISS_PENALTY_USD = 1e4
+MISS_PENALTY_ON_DEMAND_BILLS = 10.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,13 @@ class PlanInputs:
     # Age bins narrower than a step up to this age, so that runs age one bin per step (the
     # phase-type aging of wide bins lets some young runs jump to old, safe bins too soon).
     fine_age_until_s: float = 0.0
+
+
+def miss_penalty_usd(inputs: PlanInputs) -> float:
+    """The penalty of a missed deadline for this plan (see MISS_PENALTY_ON_DEMAND_BILLS)."""
+    horizon_h = inputs.steps * inputs.dt_s / 3600.0
+    return max(MISS_PENALTY_USD,
+               MISS_PENALTY_ON_DEMAND_BILLS * inputs.on_demand_usd_per_h * horizon_h)
 
 
 class SlackPlan:
@@ -229,6 +242,7 @@ def solve_plan(model: PreemptionRiskModel, zone: str, spot_nodes: int, inputs: P
     big = 1e18
 
     steps = inputs.steps
+    penalty_usd = miss_penalty_usd(inputs)
     shift_dt, shift_c, shift_save = (_Shift(n_slack, x / unit) for x in (dt, c, save))
     decisions = np.zeros((steps + 1, 3, 2 * bins, n_slack), dtype=np.int8)
     values = np.zeros((steps + 1, 3, 2 * bins, n_slack), dtype=np.float32)
@@ -243,7 +257,7 @@ def solve_plan(model: PreemptionRiskModel, zone: str, spot_nodes: int, inputs: P
         time_left = k * dt
         first_done = int(np.searchsorted(slack, time_left, side="left"))
         # Below zero slack: the deadline is missed; finish on on-demand plus the penalty.
-        miss_usd = MISS_PENALTY_USD + inputs.on_demand_usd_per_h * (time_left + c) / 3600.0
+        miss_usd = penalty_usd + inputs.on_demand_usd_per_h * (time_left + c) / 3600.0
         ev_idle = p @ v[IDLE]
         ev_od = p @ v[ON_DEMAND]
         # Preempted: idle, after the notice save, with another zone up (hop) or none.

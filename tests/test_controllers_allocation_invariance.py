@@ -1,9 +1,12 @@
 """trainwise's allocation does not depend on what a market is called or on its currency unit:
 zones named as GCP or Azure names them decide exactly as AWS-named ones, and prices scaled by
-one factor scale the bill by that factor with the same decisions at the same times. Issue 9: a
-collection from another cloud must run through the same policy, not a second one."""
+one factor scale the bill by that factor with the same decisions at the same times (exactly
+once the deadline penalty is set by the job's own bill, above 1e4 USD). Issue 9: a collection
+from another cloud must run through the same policy, not a second one."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ import pytest
 from cloud.risk_fit import AvailabilityHistory, fit_risk_model
 from cloud.simulator import ClusterRules, JobSpec, Market, simulate
 from controllers.allocation_heuristic import TrainwiseAllocationPolicy
+from controllers.allocation_planner import MISS_PENALTY_USD, PlanInputs, miss_penalty_usd
 
 TICK_S = 600
 RULES = ClusterRules(changeover_s=360.0, checkpoint_save_s=60.0, checkpoint_interval_s=3600.0)
@@ -92,3 +96,29 @@ def test_a_cheaper_spot_market_is_used_more():
     cheap = run(rows, AWS[:1], 1, spot=0.6)
     assert cheap.spot_share > dear.spot_share
 
+
+
+@pytest.mark.parametrize("nodes, n_zones, seed, deadline_h",
+                         [(4, 1, 5, 25.0), (1, 2, 5, 25.0), (4, 2, 3, 26.0)])
+def test_a_dear_job_plans_as_a_cheap_one_does(nodes, n_zones, seed, deadline_h):
+    # Prices x30 and x300: on-demand bills of about 10,000 to 1,000,000 USD a window (a large
+    # p4d gang is in that range). A fixed-USD deadline penalty let the dearer job trade the
+    # deadline for savings (x300 moved a tight 4-node plan); one scaled with the bill does not.
+    rows = flapping_market(nodes, seed=seed)[:n_zones]
+    dear = run(rows, AWS[:n_zones], nodes, spot=30 * 0.9731, od=30 * 3.06, deadline_h=deadline_h)
+    dearer = run(rows, AWS[:n_zones], nodes, spot=300 * 0.9731, od=300 * 3.06,
+                 deadline_h=deadline_h)
+    assert dear.spot_share > 0.0
+    assert moves(dearer, AWS) == moves(dear, AWS)
+    assert dearer.deadline_met == dear.deadline_met
+
+
+def test_the_deadline_penalty_outweighs_any_saving():
+    small = PlanInputs(dt_s=400.0, steps=468, max_slack_s=4 * 3600.0, changeover_s=360.0,
+                       save_s=60.0, spot_usd_per_h=0.9731, on_demand_usd_per_h=3.06)
+    bill_usd = small.on_demand_usd_per_h * small.steps * small.dt_s / 3600.0
+    assert miss_penalty_usd(small) == MISS_PENALTY_USD > 10 * bill_usd
+    gang = dataclasses.replace(small, spot_usd_per_h=16 * 12.0, on_demand_usd_per_h=16 * 32.77)
+    gang_bill_usd = gang.on_demand_usd_per_h * gang.steps * gang.dt_s / 3600.0
+    assert gang_bill_usd > MISS_PENALTY_USD  # the case a fixed sum got wrong
+    assert miss_penalty_usd(gang) == pytest.approx(10 * gang_bill_usd)

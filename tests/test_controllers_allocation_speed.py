@@ -26,12 +26,12 @@ from cloud.simulator import simulate
 from cloud.traces import default_spot_dir
 from controllers.allocation_planner import (
     IDLE,
-    MISS_PENALTY_USD,
     ON_DEMAND,
     SPOT,
     PlanInputs,
     SlackPlan,
     _transitions,
+    miss_penalty_usd,
     solve_plan,
 )
 from controllers.allocation_types import AllocationObservation
@@ -87,7 +87,8 @@ def reference_solve_plan(model: PreemptionRiskModel, zone: str, spot_nodes: int,
         time_left = k * dt
         done = slack >= time_left
         miss = np.full((2 * bins, n_slack),
-                       MISS_PENALTY_USD + inputs.on_demand_usd_per_h * (time_left + c) / 3600.0)
+                       miss_penalty_usd(inputs)
+                       + inputs.on_demand_usd_per_h * (time_left + c) / 3600.0)
         ev_idle, ev_od = p @ v[IDLE], p @ v[ON_DEMAND]
         after = q_hop * v[IDLE][0:1] + (1 - q_hop) * v[IDLE][bins:bins + 1]
         ev_spot = p_stay_up @ v[SPOT] + end[:, None] * shift_save(after, miss[:1])
