@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controllers.preemption_risk import DOWN, UP, PreemptionRiskModel
+from controllers.preemption_risk import DAY_S, DOWN, UP, PreemptionRiskModel
 
 IDLE, ON_DEMAND, SPOT = 0, 1, 2
 ACTION_NAMES = ("idle", "on_demand", "spot")
@@ -119,19 +119,24 @@ class SlackPlan:
 
 
 def _transitions(model: PreemptionRiskModel, zone: str, spot_nodes: int, dt_s: float,
-                 age_edges: tuple[float, ...], hop_probability: float = 0.0, zones: int = 1
-                 ) -> tuple[np.ndarray, np.ndarray]:
+                 age_edges: tuple[float, ...], hop_probability: float = 0.0, zones: int = 1,
+                 phase_s: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(P, end): P[a, a'] one-step availability transitions over 2B states (up bins, then down
     bins); end[a] the probability that the run in state a ends this step. With a composite of
     `zones` zones, an up run that ends is followed at once by another zone's run with
-    `hop_probability`, and a down spell ends when any zone returns."""
+    `hop_probability`, and a down spell ends when any zone returns. `phase_s`: the rates at
+    that second of the (model's) day, by the curve's `hour_factor`; None averages the day out."""
     bins = len(age_edges)
     size = 2 * bins
     p = np.zeros((size, size))
     end = np.zeros(size)
     for side, state in enumerate((UP, DOWN)):
         curve = model.curve(zone, spot_nodes, state)
-        mean_factor = sum(curve.hour_factor) / curve.hour_bins
+        if phase_s is None:
+            mean_factor = sum(curve.hour_factor) / curve.hour_bins
+        else:
+            bin_s = DAY_S / curve.hour_bins
+            mean_factor = curve.hour_factor[min(int(phase_s // bin_s), curve.hour_bins - 1)]
         edges = curve.age_edges_s
         for i, lower in enumerate(age_edges):
             # The curve's rate at this bin's lower edge (the plan's bins are the curve's bins).
