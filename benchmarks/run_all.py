@@ -7,6 +7,7 @@ import importlib
 SUITES = {
     "cost": "benchmarks.cost",
     "cost_bound": "benchmarks.cost.bound",
+    "cost_two_zone_floor": "benchmarks.cost.two_zone_floor",
     "cost_mismatch": "benchmarks.cost.mismatch",
     "controller": "benchmarks.controller_overhead",
     "fast_layer": "benchmarks.fast_layer",
