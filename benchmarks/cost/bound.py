@@ -258,7 +258,8 @@ def cell_row(cell: Cell, outcomes: list[ScenarioOutcome],
     return row
 
 
-def _ci(cell: dict[str, Any]) -> str:
+def ratio_with_interval(cell: dict[str, Any]) -> str:
+    """'1.234 [1.200, 1.260]' (or '[n/a]' where the bootstrap had too few blocks)."""
     if cell["low"] is None:
         return f"{cell['value']:.3f} [n/a]"
     return f"{cell['value']:.3f} [{cell['low']:.3f}, {cell['high']:.3f}]"
@@ -281,7 +282,7 @@ def _table_line(r: dict[str, Any]) -> str:
     real_cells = ["-"] * 5
     if real is not None:
         share = real["bound_share_of_real_gap"]
-        real_cells = [_ci(real["trainwise_vs_oracle"]),
+        real_cells = [ratio_with_interval(real["trainwise_vs_oracle"]),
                       f"{real['trainwise_vs_uniform_progress']['value']:.3f}",
                       f"{real['oracle_vs_uniform_progress']:.3f}",
                       _pct(real["costlier_than_on_demand_share"]),
@@ -289,8 +290,9 @@ def _table_line(r: dict[str, Any]) -> str:
     misses, tw = r["deadline_misses"], r["robustness"][TRAINWISE]
     return (f"| {r['collection']} | {r['instance_type']} | {r['windows']} "
             f"({r['independent_windows']}; {r['zones']} x {r['seeds']}) | "
-            f"{_ci(r['trainwise_vs_oracle'])} | {_ci(r['trainwise_vs_uniform_progress'])} | "
-            f"{_ci(r['oracle_vs_uniform_progress'])} | "
+            f"{ratio_with_interval(r['trainwise_vs_oracle'])} | "
+            f"{ratio_with_interval(r['trainwise_vs_uniform_progress'])} | "
+            f"{ratio_with_interval(r['oracle_vs_uniform_progress'])} | "
             f"{r['windows_within_3pct_of_oracle']:.0%} | {misses[TRAINWISE]}/{misses[BASELINE]} | "
             f"{_pct(tw['costlier_than_on_demand_share'])} / {tw['worst_vs_on_demand']:.3f} | "
             f"{r['spot_up_share_sampled']:.2f} / {r['spot_up_share_model']:.2f} | "
@@ -425,13 +427,19 @@ def main(argv: list[str] | None = None) -> int:
                     for o in outcomes],
         "timing": {"wall_s": time.perf_counter() - started},
     }
-    markdown = render_markdown(rows, settings, sizes)
-    markdown += f"\n\nOracle violations: {len(violations)}. Wall time " \
-                f"{payload['timing']['wall_s']:.0f} s for {len(outcomes)} windows."
-    command = ["python", "-m", "benchmarks.cost.bound",
-               *(argv if argv is not None else sys.argv[1:])]
-    json_path, md_path = write_results(args.out, "cost_bound", payload, markdown,
-                                       provenance(command))
+    return write_with_footer(args.out, "cost_bound", "benchmarks.cost.bound", argv, payload,
+                             render_markdown(rows, settings, sizes), len(outcomes))
+
+
+def write_with_footer(out: Path, name: str, module: str, argv: list[str] | None,
+                      payload: dict[str, Any], markdown: str, windows: int) -> int:
+    """Write a model-world suite's results (oracle violations and wall time under the table)
+    with the command that made them; 1 when the oracle was beaten anywhere, else 0."""
+    violations = payload["oracle_violations"]
+    markdown += (f"\n\nOracle violations: {len(violations)}. Wall time "
+                 f"{payload['timing']['wall_s']:.0f} s for {windows} windows.")
+    command = ["python", "-m", module, *(argv if argv is not None else sys.argv[1:])]
+    json_path, md_path = write_results(out, name, payload, markdown, provenance(command))
     print(markdown)
     print(f"wrote {md_path} and {json_path}")
     return 1 if violations else 0

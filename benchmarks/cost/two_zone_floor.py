@@ -28,13 +28,16 @@ import numpy as np
 
 from benchmarks.cost.bound import (
     BURN_IN_S,
+    DEFAULT_OUT,
     MULTI,
     QUICK_BURN_IN_S,
     Cell,
     market_seed_of,
     model_world_scenarios,
+    ratio_with_interval,
     real_figures,
     suite_cells,
+    write_with_footer,
 )
 from benchmarks.cost.protocol import LOCO, LTO, at_window_start
 from benchmarks.cost.stats import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, block_bootstrap
@@ -46,10 +49,8 @@ from benchmarks.cost.suite import (
     run_scenarios,
 )
 from benchmarks.cost.two_zone_plan import TwoZonePlanPolicy
-from benchmarks.results_io import provenance, write_results
 from cloud.policy_registry import make_policy
 
-DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results"
 ON_DEMAND, BASELINE, HEURISTIC = "on_demand", "uniform_progress", "trainwise_heuristic"
 PLAN_DAY, PLAN_HOUR = "two_zone_plan_day_averaged", "two_zone_plan_hour_of_day"
 POLICIES = (ON_DEMAND, BASELINE, HEURISTIC, PLAN_DAY, PLAN_HOUR)
@@ -102,11 +103,7 @@ def cell_row(cell: Cell, outcomes: list[ScenarioOutcome], real: dict[str, Any] |
 
 
 def _ci(cell: dict[str, Any] | None) -> str:
-    if cell is None:
-        return "-"
-    if cell["low"] is None:
-        return f"{cell['value']:.3f} [n/a]"
-    return f"{cell['value']:.3f} [{cell['low']:.3f}, {cell['high']:.3f}]"
+    return "-" if cell is None else ratio_with_interval(cell)
 
 
 NOTES = """What this is: for every single-node, two-zone cell of the cost suite (both protocols),
@@ -206,16 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         "oracle_violations": violations,
         "timing": {"wall_s": time.perf_counter() - started},
     }
-    markdown = render_markdown(rows, settings)
-    markdown += (f"\n\nOracle violations: {len(violations)}. Wall time "
-                 f"{payload['timing']['wall_s']:.0f} s for {len(outcomes_all)} windows.")
-    command = ["python", "-m", "benchmarks.cost.two_zone_floor",
-               *(argv if argv is not None else sys.argv[1:])]
-    json_path, md_path = write_results(args.out, "cost_two_zone_floor", payload, markdown,
-                                       provenance(command))
-    print(markdown)
-    print(f"wrote {md_path} and {json_path}")
-    return 1 if violations else 0
+    return write_with_footer(args.out, "cost_two_zone_floor", "benchmarks.cost.two_zone_floor",
+                             argv, payload, render_markdown(rows, settings), len(outcomes_all))
 
 
 if __name__ == "__main__":
