@@ -122,10 +122,13 @@ How to read it: the exact plan on the true model is what planning can do when th
 right; what is left to the oracle is the price of not knowing the future in that world. The
 plan's own approximations (a 120 s slack grid, phase-type aging inside wide age bins, hour-of-
 day factors per step) are measured by refining them: averaged day vs hour by hour is the column
-pair below; finer age bins (one per 600 s step up to 4 h, LOCO p3.16xlarge, 32 windows) moved
-the plan's cost / oracle by +0.2% (1.113x -> 1.115x; scratch, not a results file). Where both
-refinements move the figure by well under the distance to {goal:.2f}x, no online policy that
-knows this model meets issue 9's multi-zone goal on that cell. The model world has no cross-zone
+pair below; on the same windows (scratch at 384afd1, not a results file, day averaged), age
+bins of one 600 s step up to 4 h moved the plan's cost / oracle by -0.6% to +0.4% across the
+eight cells, and a 60 s slack grid (120 s here) by -0.1% to +2.4% (a finer grid is not always
+cheaper on 48 windows: decisions near a tie flip and the windows' paths with them). Where the
+refinements move the figure by well under the distance to {goal:.2f}x, planning on this model,
+however fine, does not meet issue 9's multi-zone goal on that cell; that is a measurement, not
+a proof that no online policy could. The model world has no cross-zone
 correlation and no regime shifts (see `cost_bound.md`): a real market may be easier or harder."""
 
 

@@ -246,7 +246,8 @@ class TwoZonePlanPolicy(TrainwiseAllocationPolicy):
                 changeover_s=obs.changeover_s, save_s=obs.checkpoint_save_s,
                 spot_usd_per_h=min(obs.spot_price_usd_per_hour_by_zone),
                 on_demand_usd_per_h=min(obs.on_demand_price_usd_per_hour_by_zone),
-                slack_unit_s=max(cfg.plan_slack_unit_s, max_slack / MAX_PLAN_SLACK_LEVELS))
+                slack_unit_s=max(cfg.plan_slack_unit_s, max_slack / MAX_PLAN_SLACK_LEVELS),
+                fine_age_until_s=cfg.plan_fine_age_until_s)
             self._two_zone = _cached_plan(
                 self.model, (obs.zones[0], obs.zones[1]), inputs,
                 (obs.spot_price_usd_per_hour_by_zone[0], obs.spot_price_usd_per_hour_by_zone[1]),
