@@ -165,11 +165,6 @@ class TrainwiseAllocationConfig:
     plan_slack_unit_s: float = 120.0
     # Plan runs age one bin per step up to this age (0: the curve's own wide bins).
     plan_fine_age_until_s: float = 0.0
-    # The plan applies the hazards' hour-of-day factors step by step (else the day averaged).
-    # In the model world (`benchmarks/cost/bound.py`'s markets, which have the model's hour-of-
-    # day factors; both protocols, 12 single-zone cells) it moved cost / oracle by -0.6% to
-    # +0.3%, noise-sized: off. (Scratch, at 771c0db.)
-    plan_hour_of_day: bool = False
     # Release a running on-demand set to wait for spot while spot is down in every zone, when
     # the plan says so. False (default) keeps on-demand through such an outage, as the
     # published Uniform Progress does: a release pays a changeover to come back whenever the
@@ -575,11 +570,7 @@ class TrainwiseAllocationPolicy:
                 slack_unit_s=max(self.config.plan_slack_unit_s, max_slack / MAX_PLAN_SLACK_LEVELS),
                 hop_probability=hop_probability, zones=zones,
                 fine_age_until_s=self.config.plan_fine_age_until_s)
-            if self.config.plan_hour_of_day:
-                self._plan = solve_plan(self.model, zone, obs.node_count, inputs,
-                                        start_trace_s=obs.trace_time_s)
-            else:
-                self._plan = solve_plan(self.model, zone, obs.node_count, inputs)
+            self._plan = solve_plan(self.model, zone, obs.node_count, inputs)
             self._plan_key = key
         return self._plan
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controllers.preemption_risk import DAY_S, DOWN, UP, PreemptionRiskModel
+from controllers.preemption_risk import DOWN, UP, PreemptionRiskModel
 
 IDLE, ON_DEMAND, SPOT = 0, 1, 2
 ACTION_NAMES = ("idle", "on_demand", "spot")
@@ -119,24 +119,19 @@ class SlackPlan:
 
 
 def _transitions(model: PreemptionRiskModel, zone: str, spot_nodes: int, dt_s: float,
-                 age_edges: tuple[float, ...], hop_probability: float = 0.0, zones: int = 1,
-                 phase_s: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 age_edges: tuple[float, ...], hop_probability: float = 0.0, zones: int = 1
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """(P, end): P[a, a'] one-step availability transitions over 2B states (up bins, then down
     bins); end[a] the probability that the run in state a ends this step. With a composite of
     `zones` zones, an up run that ends is followed at once by another zone's run with
-    `hop_probability`, and a down spell ends when any zone returns. `phase_s`: the rates at
-    that second of the (model's) day, by the curve's `hour_factor`; None averages the day out."""
+    `hop_probability`, and a down spell ends when any zone returns."""
     bins = len(age_edges)
     size = 2 * bins
     p = np.zeros((size, size))
     end = np.zeros(size)
     for side, state in enumerate((UP, DOWN)):
         curve = model.curve(zone, spot_nodes, state)
-        if phase_s is None:
-            mean_factor = sum(curve.hour_factor) / curve.hour_bins
-        else:
-            bin_s = DAY_S / curve.hour_bins
-            mean_factor = curve.hour_factor[min(int(phase_s // bin_s), curve.hour_bins - 1)]
+        mean_factor = sum(curve.hour_factor) / curve.hour_bins
         edges = curve.age_edges_s
         for i, lower in enumerate(age_edges):
             # The curve's rate at this bin's lower edge (the plan's bins are the curve's bins).
@@ -220,37 +215,22 @@ def _plan_age_edges(edges: tuple[float, ...], dt_s: float, fine_until_s: float
     return tuple(out)
 
 
-def solve_plan(model: PreemptionRiskModel, zone: str, spot_nodes: int, inputs: PlanInputs,
-               start_trace_s: float | None = None) -> SlackPlan:
-    """Backward induction over `inputs.steps` steps; see the module docstring for the model.
-    `start_trace_s`: trace time of the plan's first step, to apply the hazards' hour-of-day
-    factors step by step; None (default) averages the day out."""
+def solve_plan(model: PreemptionRiskModel, zone: str, spot_nodes: int, inputs: PlanInputs
+               ) -> SlackPlan:
+    """Backward induction over `inputs.steps` steps; see the module docstring for the model."""
     if inputs.steps < 1 or not inputs.dt_s > 0:
         raise ValueError(f"a plan needs steps >= 1 and dt_s > 0, got {inputs.steps}, "
                          f"{inputs.dt_s}")
     curve = model.curve(zone, spot_nodes, UP)
     age_edges = _plan_age_edges(tuple(curve.age_edges_s), inputs.dt_s, inputs.fine_age_until_s)
     bins = len(age_edges)
+    p, end = _transitions(model, zone, spot_nodes, inputs.dt_s, age_edges,
+                          inputs.hop_probability, inputs.zones)
     up_mask = np.zeros(2 * bins, dtype=bool)
     up_mask[:bins] = True
-    by_phase: dict[float | None, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-
-    def transitions(k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(P, end, P keeping spot) of the step taken with k steps left: the day averaged
-        out, or with `start_trace_s` the hour of the day of the step's middle."""
-        phase = None
-        if start_trace_s is not None:
-            middle_s = start_trace_s + (inputs.steps - k + 0.5) * inputs.dt_s
-            phase = ((middle_s + model.utc_offset_s) % DAY_S) // 3600.0 * 3600.0
-        if phase not in by_phase:
-            p, end = _transitions(model, zone, spot_nodes, inputs.dt_s, age_edges,
-                                  inputs.hop_probability, inputs.zones, phase)
-            # Transitions that keep spot: survive the step (the hop after an end is a new run).
-            p_stay_up = p * up_mask[None, :]
-            p_stay_up[np.arange(bins), 0] -= end[:bins] * inputs.hop_probability
-            by_phase[phase] = (p, end, p_stay_up)
-        return by_phase[phase]
-
+    # Transitions that keep spot: survive the step (the hop after an end is a new run).
+    p_stay_up = p * up_mask[None, :]
+    p_stay_up[np.arange(bins), 0] -= end[:bins] * inputs.hop_probability
     q_hop = inputs.hop_probability
     unit = inputs.slack_unit_s
     n_slack = int(math.ceil(inputs.max_slack_s / unit)) + 2
@@ -278,7 +258,6 @@ def solve_plan(model: PreemptionRiskModel, zone: str, spot_nodes: int, inputs: P
         first_done = int(np.searchsorted(slack, time_left, side="left"))
         # Below zero slack: the deadline is missed; finish on on-demand plus the penalty.
         miss_usd = penalty_usd + inputs.on_demand_usd_per_h * (time_left + c) / 3600.0
-        p, end, p_stay_up = transitions(k)
         ev_idle = p @ v[IDLE]
         ev_od = p @ v[ON_DEMAND]
         # Preempted: idle, after the notice save, with another zone up (hop) or none.

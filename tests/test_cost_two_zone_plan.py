@@ -125,27 +125,29 @@ def test_quick_two_zone_floor_writes_a_row_the_oracle_bounds(tmp_path):
     assert "| leave_time_out | availability-1node-aws-2022-10 |" in markdown
 
 
+
 def _day_night_model(factor_day: float, factor_night: float) -> PreemptionRiskModel:
-    """Zone a: spot runs end at `factor` times the base rate by half day (12 h bins)."""
+    """Two zones whose spot runs end at `factor` times the base rate by half day (12 h bins)."""
     hours = (factor_day, factor_night)
-    return PreemptionRiskModel({
-        (UP, "a", 1): HazardCurve(EDGES, (2.0, 0.6, 0.3), hours),
-        (DOWN, "a", 1): HazardCurve(EDGES, (1.5, 0.8, 0.4), hours)})
+    curves = {}
+    for zone in ("a", "b"):
+        curves[(UP, zone, 1)] = HazardCurve(EDGES, (2.0, 0.6, 0.3), hours)
+        curves[(DOWN, zone, 1)] = HazardCurve(EDGES, (1.5, 0.8, 0.4), hours)
+    return PreemptionRiskModel(curves)
 
 
-def test_the_single_zone_plan_by_hour_of_day_reads_the_clock_and_only_the_clock():
-    # Flat factors: the hour-by-hour plan is the averaged plan. A quiet and a busy half day:
-    # the plan started in the quiet half values the job below the one started in the busy
-    # half (spot lasts longer while it runs), and the averaged plan sits between them.
+def test_the_plan_by_hour_of_day_reads_the_clock_and_only_the_clock():
+    # Flat factors: the hour-by-hour plan is the day-averaged plan. A quiet and a busy half
+    # day: the plan started in the quiet half values the job below the one started in the busy
+    # half (spot lasts longer while it runs), and the day-averaged plan sits between them.
     flat = _day_night_model(1.0, 1.0)
-    averaged = solve_plan(flat, "a", 1, INPUTS)
-    hourly = solve_plan(flat, "a", 1, INPUTS, start_trace_s=7 * 3600.0)
-    np.testing.assert_allclose(hourly.values, averaged.values, rtol=1e-6)
+    averaged = solve_two_zone_plan(flat, ("a", "b"), INPUTS, (1.0, 1.0))
+    hourly = solve_two_zone_plan(flat, ("a", "b"), INPUTS, (1.0, 1.0), start_trace_s=7 * 3600.0)
+    np.testing.assert_allclose(hourly.first_values, averaged.first_values, rtol=1e-6)
     assert np.array_equal(hourly.decisions, averaged.decisions)
     contrast = _day_night_model(0.2, 1.8)
-    quiet = solve_plan(contrast, "a", 1, INPUTS, start_trace_s=0.0)
-    busy = solve_plan(contrast, "a", 1, INPUTS, start_trace_s=12 * 3600.0)
-    middle = solve_plan(contrast, "a", 1, INPUTS)
-    k, idle, up_young, slack = INPUTS.steps, 0, 0, 20
-    assert (quiet.values[k, idle, up_young, slack] < middle.values[k, idle, up_young, slack]
-            < busy.values[k, idle, up_young, slack])
+    state = (IDLE, (True, True), (0.0, 0.0))
+    quiet, busy, middle = (
+        solve_two_zone_plan(contrast, ("a", "b"), INPUTS, (1.0, 1.0), start_trace_s=start)
+        .value_now(2400.0, *state) for start in (0.0, 12 * 3600.0, None))
+    assert quiet < middle < busy

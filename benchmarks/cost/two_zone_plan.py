@@ -45,7 +45,7 @@ from controllers.allocation_planner import (
     miss_penalty_usd,
 )
 from controllers.allocation_types import AllocationAction, AllocationObservation
-from controllers.preemption_risk import DOWN, UP, PreemptionRiskModel
+from controllers.preemption_risk import DAY_S, DOWN, UP, HazardCurve, PreemptionRiskModel
 
 IDLE, ON_DEMAND, SPOT_1, SPOT_2 = 0, 1, 2, 3
 ACTION_NAMES = ("idle", "on_demand", "spot_zone_1", "spot_zone_2")
@@ -94,6 +94,20 @@ class TwoZonePlan:
         return float(self.first_values[holding, a1, a2, self._slack(slack_s)])
 
 
+def _at_hour(model: PreemptionRiskModel, zones: tuple[str, str], phase_s: float
+             ) -> PreemptionRiskModel:
+    """The zones' single-node curves with the hour-of-day factor of `phase_s` (seconds into the
+    model's day) as their only factor."""
+    curves = {}
+    for zone in zones:
+        for state in (UP, DOWN):
+            curve = model.curve(zone, 1, state)
+            k = min(int(phase_s // (DAY_S / curve.hour_bins)), curve.hour_bins - 1)
+            curves[(state, zone, 1)] = HazardCurve(curve.age_edges_s, curve.rate_per_h,
+                                                   (curve.hour_factor[k],))
+    return PreemptionRiskModel(curves, model.utc_offset_s)
+
+
 def solve_two_zone_plan(model: PreemptionRiskModel, zones: tuple[str, str], inputs: PlanInputs,
                         spot_usd_per_h: tuple[float, float], start_trace_s: float | None = None
                         ) -> TwoZonePlan:
@@ -121,13 +135,16 @@ def solve_two_zone_plan(model: PreemptionRiskModel, zones: tuple[str, str], inpu
         phase = None
         if start_trace_s is not None:
             mid_s = start_trace_s + (steps - k + 0.5) * dt + model.utc_offset_s
-            phase = float(mid_s % 86400.0)
-            bin_s = 86400.0 / 24.0  # hour factors come in bins of whole hours or wider
+            phase = float(mid_s % DAY_S)
+            bin_s = 3600.0  # hour factors come in bins of whole hours or wider
             phase = (phase // bin_s) * bin_s
         if phase not in by_phase:
+            # The planner's transitions average the day's factors: given a model whose curves
+            # carry only this hour's factor, they are this hour's.
+            step_model = model if phase is None else _at_hour(model, zones, phase)
             mats = []
             for z, zone in enumerate(zones):
-                p, _ = _transitions(model, zone, 1, dt, edges[z], phase_s=phase)
+                p, _ = _transitions(step_model, zone, 1, dt, edges[z])
                 mats += [p, p * up_masks[z][None, :], p * (~up_masks[z])[None, :]]
             by_phase[phase] = tuple(mats)
         return by_phase[phase]
