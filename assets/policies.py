@@ -29,7 +29,8 @@ import dagster as dg
 
 from rl import gate as rl_gate
 from rl.cells import PARTITION_REGIONS
-from rl.registry import record_gate_outcome, register_retrained
+from rl.policy_file import PolicyFileError, load_policy
+from rl.registry import record_gate_outcome, register_retrained, verify_champion_file
 from rl.retrain import (
     DAILY_FAST,
     TINY,
@@ -184,9 +185,6 @@ def _checked_regions(context: dg.AssetCheckExecutionContext) -> list[str]:
 
 def _champions_valid(region: str) -> tuple[bool, str]:
     """No proposal pending: the check says whether the champions in charge are still valid."""
-    from rl.policy_file import PolicyFileError, load_policy
-    from rl.registry import verify_champion_file
-
     notes, ok = [], True
     for kind in ("slow", "fast"):
         path = policy_dir(kind, region) / "champion.npz"

@@ -5,15 +5,15 @@ decisions), so the simulator, the emulated cloud and the tests call the same cod
 `node_count` nodes is "spot-available" in a zone when the zone has at least that many spot nodes
 now; `managed_spot` is the one peer that mixes spot and on-demand in one gang.
 
-Names (see `cloud/policy_registry.py`): on_demand, managed_spot, greedy_spot, skypilot_failover,
-uniform_progress.
+Names (each class registers itself with `@register_policy`; `cloud/policy_registry.py` makes them
+by name): on_demand, managed_spot, greedy_spot, skypilot_failover, uniform_progress.
 """
 
 from __future__ import annotations
 
 import math
 
-from cloud.policy_registry import register_policy
+from cloud.policy_factories import register_policy
 from controllers.allocation_types import AllocationAction, AllocationObservation
 
 
@@ -73,6 +73,7 @@ def _keep(obs: AllocationObservation, reason: str) -> AllocationAction:
     return AllocationAction(obs.zone, obs.spot_nodes, obs.on_demand_nodes, None, reason)
 
 
+@register_policy("on_demand")
 class OnDemandPolicy:
     """Configuration 1 of the seed: on-demand nodes in the home zone from start to finish, with a
     fixed checkpoint interval. The baseline every saving is measured from.
@@ -102,6 +103,7 @@ class OnDemandPolicy:
         )
 
 
+@register_policy("managed_spot")
 class ManagedSpotPolicy:
     """Configuration 2 of the seed: managed spot with restart from the last checkpoint and a
     reactive autoscaler, in the home zone, blind to the deadline (as SkyPilot managed jobs and
@@ -150,6 +152,7 @@ class ManagedSpotPolicy:
         return _keep(obs, "managed spot: keep")
 
 
+@register_policy("greedy_spot")
 class GreedySpotPolicy:
     """Greedy, the "strawman" baseline of Can't Be Late (Wu et al., NSDI'24, sec. 3), rule for rule
     as the published simulator runs it (Michaelvll/skypilot-spot-strategy `strawman.py`, under the
@@ -183,6 +186,7 @@ class GreedySpotPolicy:
         return AllocationAction.release("greedy: no spot, slack left: wait")
 
 
+@register_policy("skypilot_failover")
 class SkyPilotFailoverPolicy:
     """SkyPilot managed spot jobs with eager failover (skypilot-org/skypilot,
     `sky/jobs/recovery_strategy.py`, EAGER_NEXT_REGION): spot only; after a preemption, relaunch
@@ -212,6 +216,7 @@ class SkyPilotFailoverPolicy:
         return AllocationAction.release("failover: no zone has spot; wait")
 
 
+@register_policy("uniform_progress")
 class UniformProgressPolicy:
     """Uniform Progress, the Can't Be Late policy (Wu et al., NSDI'24), rule for rule as the
     published simulator runs it (`rc_cr_threshold`), in the home zone. With the progress line
@@ -268,10 +273,3 @@ class UniformProgressPolicy:
                 {"work_done_h": obs.work_done_h, "line_h": line_h},
             )
         return AllocationAction.release("uniform progress: ahead of the line, no spot: wait")
-
-
-register_policy("on_demand", OnDemandPolicy)
-register_policy("managed_spot", ManagedSpotPolicy)
-register_policy("greedy_spot", GreedySpotPolicy)
-register_policy("skypilot_failover", SkyPilotFailoverPolicy)
-register_policy("uniform_progress", UniformProgressPolicy)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from benchmarks.cost.suite import (
+from cloud.collections import region_of_zone
+from cloud.scenarios import (
     SINGLE_NODE,
     SINGLE_NODE_FOLDERS,
     Scenario,
@@ -20,7 +21,6 @@ from benchmarks.cost.suite import (
     policy_for,
     rules_for,
 )
-from cloud.collections import region_of_zone
 from controllers.allocation_types import AllocationPolicy
 
 TRAIN_FOLDER = "availability-1node-aws-2023-02"

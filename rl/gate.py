@@ -35,10 +35,17 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.cost.suite import Scenario
+from cloud.scenarios import Scenario
 from cloud.simulator import simulate
 from controllers.allocation_types import AllocationPolicy
+from rl import registry
 from rl.cells import cell_label
+from rl.fast_obs import FAST_OBS_LAYOUT
+from rl.policy_file import PolicyFileError, load_policy, read_header
+from rl.policy_folder import policy_dir
+from rl.registry import RegistryUnavailable, version_gate_status
+from rl.slow_obs import SLOW_OBS_LAYOUT
+from trainwise import settings
 
 DEFAULT_MARGIN = 0.01
 
@@ -74,7 +81,7 @@ def evaluate_slow(make: Callable[[Scenario], AllocationPolicy], cells: Sequence[
 def evaluate_fast(make_policy_action: Callable, seeds: Sequence[int], env_kwargs: dict | None = None
                   ) -> list[dict]:
     """`make_policy_action()` returns a fresh `(obs_vector) -> action` callable per episode."""
-    from rl.fast_env import FastEnv
+    from rl.fast_env import FastEnv  # gymnasium costs about 0.3 s; only fast gates need it
 
     env = FastEnv(**(env_kwargs or {}))
     rows = []
@@ -144,24 +151,13 @@ PROMOTED_STATUSES = ("promoted", "restored")
 
 
 def _layout(kind: str) -> tuple[str, ...]:
-    from rl.fast_obs import FAST_OBS_LAYOUT
-    from rl.slow_obs import SLOW_OBS_LAYOUT
-
     if kind not in ("slow", "fast"):
         raise ValueError(f"kind {kind!r} must be 'slow' or 'fast' (run config `kind`)")
     return SLOW_OBS_LAYOUT if kind == "slow" else FAST_OBS_LAYOUT
 
 
-def _policy_dir(kind: str, region: str) -> Path:
-    from rl.retrain import policy_dir  # rl.retrain imports this module
-
-    return policy_dir(kind, region)
-
-
 def proposal_path(region: str) -> Path:
     """One pending rollback proposal per region (the check is partitioned by region only)."""
-    from trainwise import settings
-
     return settings.home_dir() / "policies" / "_rollback" / region / "proposal.json"
 
 
@@ -169,7 +165,7 @@ def append_history(kind: str, region: str, record: dict) -> dict:
     now = time.time()
     record = {"at_s": now, "at_utc": dt.datetime.fromtimestamp(now, dt.UTC).isoformat(
         timespec="seconds"), "kind": kind, "region": region, **record}
-    folder = _policy_dir(kind, region)
+    folder = policy_dir(kind, region)
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / HISTORY_NAME, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record, sort_keys=True, default=str) + "\n")
@@ -177,22 +173,20 @@ def append_history(kind: str, region: str, record: dict) -> dict:
 
 
 def read_history(kind: str, region: str) -> list[dict]:
-    path = _policy_dir(kind, region) / HISTORY_NAME
+    path = policy_dir(kind, region) / HISTORY_NAME
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
 def stored_versions(kind: str, region: str) -> list[int]:
-    folder = _policy_dir(kind, region)
+    folder = policy_dir(kind, region)
     return sorted(int(p.stem[1:]) for p in folder.glob("v*.npz") if p.stem[1:].isdigit())
 
 
 def champion_label(kind: str, region: str) -> str:
     """What champion.npz holds now, for the record: 'v<N>', 'heuristic' (no file) or why not."""
-    from rl.policy_file import read_header
-
-    path = _policy_dir(kind, region) / "champion.npz"
+    path = policy_dir(kind, region) / "champion.npz"
     if not path.is_file():
         return "heuristic"
     try:
@@ -216,7 +210,7 @@ def propose_rollback(kind: str, region: str, restore_version: int, *, reason: st
                          "in the policy history and the registry")
     stored = stored_versions(kind, region)
     if restore_version not in stored:
-        folder = _policy_dir(kind, region)
+        folder = policy_dir(kind, region)
         message = (f"no {kind} policy v{restore_version} for {region} in {folder} to roll back "
                    f"to; stored versions: {', '.join(f'v{v}' for v in stored) or 'none'}")
         append_history(kind, region, {"event": "rollback_refused", **base, "failure": message})
@@ -235,15 +229,13 @@ def propose_rollback(kind: str, region: str, restore_version: int, *, reason: st
 def _promotion_evidence(kind: str, region: str, version: int) -> str | None:
     """Why `version` counts as promoted before, or None. The registry is asked first; its
     answer 'refused' stands even if a file says otherwise."""
-    from rl.registry import RegistryUnavailable, version_gate_status
-
     try:
         status = version_gate_status(kind, region, version)
     except RegistryUnavailable:
         status = None
     if status is not None:
         return f"registry gate_status {status}" if status in PROMOTED_STATUSES else None
-    gate_path = _policy_dir(kind, region) / f"gate_v{version}.json"
+    gate_path = policy_dir(kind, region) / f"gate_v{version}.json"
     if gate_path.is_file() and json.loads(gate_path.read_text()).get("promote") is True:
         return f"{gate_path.name} promoted it"
     if any(r.get("event") == "rollback" and r.get("to") == f"v{version}"
@@ -255,10 +247,8 @@ def _promotion_evidence(kind: str, region: str, version: int) -> str | None:
 def verify_rollback(proposal: dict) -> tuple[bool, str]:
     """(ok, reason): the restored file loads for its kind, layout and region, holds the version
     it is named for, and was promoted before (or the proposal allows it)."""
-    from rl.policy_file import PolicyFileError, load_policy
-
     kind, region, version = proposal["kind"], proposal["region"], int(proposal["restore_version"])
-    path = _policy_dir(kind, region) / f"v{version}.npz"
+    path = policy_dir(kind, region) / f"v{version}.npz"
     try:
         weights = load_policy(path, kind, _layout(kind), region)
     except (PolicyFileError, KeyError, TypeError) as error:
@@ -284,15 +274,12 @@ def publish_rollback(region: str, approved_by: str) -> dict | None:
     """Acts on the region's pending proposal (None when there is none): verify, move the
     registry alias, replace champion.npz, record. Returns {passed, reason, record}; the
     proposal is consumed either way (propose again to retry)."""
-    from rl import registry
-    from rl.policy_file import load_policy
-
     path = proposal_path(region)
     if not path.is_file():
         return None
     proposal = json.loads(path.read_text())
     kind, version = proposal["kind"], int(proposal["restore_version"])
-    folder = _policy_dir(kind, region)
+    folder = policy_dir(kind, region)
     base = {"from": champion_label(kind, region), "to": f"v{version}",
             "requested_by": proposal["requested_by"], "why": proposal["reason"],
             "approved_by": approved_by, "proposed_utc": proposal["proposed_utc"]}

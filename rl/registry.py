@@ -24,6 +24,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rl.policy_file import read_header
+from trainwise import settings, tracking
+from trainwise.services import ServiceUnreachableError
+
 EXPERIMENT = "trainwise-policies"
 CHAMPION = "champion"
 CHALLENGER = "challenger"
@@ -51,17 +55,12 @@ def file_sha256(path: str | Path) -> str:
 
 
 def _uri(tracking_uri: str | None) -> str:
-    from trainwise import settings
-
     return tracking_uri or settings.mlflow_uri()
 
 
 def _client(tracking_uri: str | None, *, must_exist: bool) -> tuple[Any, str]:
     """(MlflowClient, uri). `must_exist`: a sqlite database that is not there yet is 'no
     registry' (a read must not create one; creating it runs MLflow's migrations, seconds)."""
-    from trainwise import tracking
-    from trainwise.services import ServiceUnreachableError
-
     uri = _uri(tracking_uri)
     database = tracking.sqlite_path(uri)
     if must_exist and database is not None and not database.is_file():
@@ -70,7 +69,7 @@ def _client(tracking_uri: str | None, *, must_exist: bool) -> tuple[Any, str]:
         tracking.check_reachable(uri, timeout_s=CHECK_TIMEOUT_S)
     except ServiceUnreachableError as error:
         raise RegistryUnavailable(str(error)) from None
-    from mlflow.tracking import MlflowClient
+    from mlflow.tracking import MlflowClient  # about 1.2 s: only when a registry answers
 
     return MlflowClient(tracking_uri=uri), uri
 
@@ -124,9 +123,6 @@ def register_candidate(kind: str, region: str, path: str | Path, decision: Mappi
     `model_name(kind, region)` with the alias `challenger`. Idempotent per policy version.
     Returns {model, version, run_id, new (False: already registered, aliases untouched),
     file_sha256}."""
-    from rl.policy_file import read_header
-    from trainwise import tracking
-
     path = Path(path)
     header = read_header(path)
     if header.get("kind") != kind or header.get("region") != region:
@@ -189,8 +185,6 @@ def record_gate(kind: str, region: str, decision: Mapping[str, Any], candidate_p
     asset could not): promoted -> alias `champion` (moved from the previous champion), alias
     `challenger` dropped; refused -> stays `challenger`, the reason and figures as tags and
     description. Returns {model, version, champion_version, promoted}."""
-    from trainwise import tracking
-
     promoted = bool(decision["promote"])
     registered = register_candidate(kind, region, candidate_path, decision,
                                     tracking_uri=tracking_uri)
@@ -221,8 +215,6 @@ def champion_version(kind: str, region: str, tracking_uri: str | None = None) ->
     """The version with alias `champion`; None when the registry has no such model.
     Raises RegistryUnavailable when it cannot be asked, LookupError when the model exists
     without a champion."""
-    from trainwise import tracking
-
     client, _ = _client(tracking_uri, must_exist=True)
     name = model_name(kind, region)
     try:
@@ -308,9 +300,6 @@ def record_rollback(kind: str, region: str, path: str | Path, decision: Mapping[
     Refused (ValueError) when the version registered for that policy version holds another
     file (sha256): the file on disk was changed after registration. Returns {model, version,
     champion_version, previous_champion (None: there was none)}; `restore_alias` undoes it."""
-    from rl.policy_file import read_header
-    from trainwise import tracking
-
     path = Path(path)
     policy_version = int(read_header(path)["version"])
     client, _ = _client(tracking_uri, must_exist=False)
@@ -351,8 +340,6 @@ def restore_alias(kind: str, region: str, version: str | None,
                   tracking_uri: str | None = None) -> None:
     """Points `champion` back at `version` (None: removes it) after a publish that failed half
     way, so registry and champion file agree again."""
-    from trainwise import tracking
-
     client, _ = _client(tracking_uri, must_exist=True)
     name = model_name(kind, region)
     with tracking.no_inner_http_retries():
@@ -366,8 +353,6 @@ def version_gate_status(kind: str, region: str, policy_version: int,
                         tracking_uri: str | None = None) -> str | None:
     """The registry's `gate_status` tag of a policy version (promoted, restored, refused,
     pending); None when the registry has no such version. Raises RegistryUnavailable."""
-    from trainwise import tracking
-
     client, _ = _client(tracking_uri, must_exist=True)
     try:
         with tracking.no_inner_http_retries():

@@ -12,6 +12,7 @@ to the heuristic (return None) when there is no champion or its file is refused.
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from rl.fast_obs import FAST_OBS_LAYOUT
 from rl.fast_path import LearnedAllocationPolicy, NumpyPolicy
 from rl.gate import DEFAULT_MARGIN, decide, evaluate_fast, evaluate_slow, record_decision
 from rl.policy_file import PolicyFileError, load_policy, save_policy, weights_from_sb3
+from rl.policy_folder import policy_dir
 from rl.slow_obs import SLOW_OBS_LAYOUT
 
 
@@ -45,12 +47,6 @@ TINY = Budget(ppo_timesteps=256, bc_states=128, n_envs=2, n_steps=128, windows_p
               held_out=2, fast_episode_ticks=24)
 WEEKLY_SLOW = Budget(ppo_timesteps=200_000, bc_states=4000, held_out=0)
 DAILY_FAST = Budget(ppo_timesteps=100_000, bc_states=4000, held_out=30)
-
-
-def policy_dir(kind: str, region: str) -> Path:
-    from trainwise import settings
-
-    return settings.home_dir() / "policies" / kind / region
 
 
 def _next_version(folder: Path) -> int:
@@ -79,6 +75,7 @@ def load_champion_fast(region: str) -> NumpyPolicy | None:
 
 
 def retrain_slow(region: str, budget: Budget, log: Callable | None = None) -> dict:
+    # gymnasium and stable-baselines3 cost seconds; the code location imports this module.
     from rl.slow_env import SlowEnv
     from rl.train import train_policy
 
@@ -107,8 +104,8 @@ def retrain_slow(region: str, budget: Budget, log: Callable | None = None) -> di
 def retrain_fast(region: str, budget: Budget, log: Callable | None = None) -> dict:
     """The fast environment is region-independent except for the notice hazards; the region
     names the partition (each region's trainer loads its own champion)."""
+    # gymnasium and stable-baselines3 cost seconds; the code location imports this module.
     from rl.fast_env import FastEnv
-    from rl.fast_obs import fast_features
     from rl.train import train_policy
 
     ticks = budget.fast_episode_ticks
@@ -122,7 +119,6 @@ def retrain_fast(region: str, budget: Budget, log: Callable | None = None) -> di
     champion = load_champion_fast(region)
     # Held-out seeds: far from the ones training drew (sb3 seeds envs from budget.seed upward).
     seeds = [10_000 + i for i in range(budget.held_out or 20)]
-    del fast_features  # the env already returns feature vectors
 
     def acting(net: NumpyPolicy | None):
         return lambda: (lambda obs: np.zeros(3, np.int64) if net is None else np.asarray(net.predict(obs)))
@@ -155,8 +151,6 @@ def apply_gate(kind: str, region: str) -> dict:
     """Acts on the latest candidate's recorded decision: a promoted candidate becomes the champion
     (after its file passes `load_policy` again); otherwise the incumbent stays. Returns the
     decision with `champion_version` (None: the heuristic is in charge)."""
-    import json
-
     folder = policy_dir(kind, region)
     version = _next_version(folder) - 1
     gate_path = folder / f"gate_v{version}.json"

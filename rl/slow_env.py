@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import gymnasium as gym
 import numpy as np
 
-from benchmarks.cost.suite import Scenario
+from cloud.scenarios import Scenario
 from cloud.simulator import SimResult, simulate
 from controllers.allocation_types import AllocationAction, AllocationObservation
 from rl.cells import heuristic_for

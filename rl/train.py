@@ -23,7 +23,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 from stable_baselines3 import PPO
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.logger import Logger
+from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv
+
+from trainwise import settings
 
 POLICY_KWARGS = {"net_arch": {"pi": [64, 64], "vf": [64, 64]}, "activation_fn": torch.nn.Tanh}
 
@@ -97,11 +102,6 @@ def train_policy(
     the clone's agreement; pass an MLflow logger to record them.
     """
     start = time.perf_counter()
-    from stable_baselines3.common.logger import Logger
-    from stable_baselines3.common.monitor import Monitor
-
-    from trainwise import settings
-
     # A tiny MLP gains nothing from intra-op threads; on a shared machine they only contend.
     torch.set_num_threads(settings.torch_threads())
 
@@ -123,8 +123,6 @@ def train_policy(
         log("bc_agreement", agreement, 0)
     returns: list[float] = []
     if total_timesteps > 0:
-        from stable_baselines3.common.callbacks import BaseCallback
-
         class Curve(BaseCallback):
             def _on_step(self) -> bool:
                 for info in self.locals.get("infos", []):

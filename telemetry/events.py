@@ -53,9 +53,14 @@ class RunStartEvent(Event):
     # again (preemption waste, not new training). `lost_s`: seconds billed since the checkpoint
     # that it does not hold (the billing clock restarts after them). None: fresh run, or no
     # telemetry of the run to compare with (records written before these fields also read None).
+    # Since issue 31 (class 4) the three come from the trainer's run ledger
+    # (`training.ledger`), never from telemetry, which anyone can add a segment to.
     replay_from_step: int | None = None
     replay_to_step: int | None = None
     lost_s: float | None = None
+    # What the resume's bill ignored, one sentence each: ledger lines that failed their check,
+    # telemetry figures beyond what the ledger commits (a planted or edited segment).
+    billing_warnings: list[str] = field(default_factory=list)
     # Checkpoints a resume from a folder skipped because they failed their check: {path, reason}.
     skipped_checkpoints: list[dict[str, str]] = field(default_factory=list)
 

@@ -5,9 +5,17 @@ read up to the marker's byte count and checked against the marker's line count a
 open segment (its writer is running, or was killed) is read up to its last newline.
 
 What is skipped and what raises (defect 10 of issue 8):
-- Skipped, silently as before: the trailing fragment without a newline of an OPEN segment. It is
-  the line a live writer is writing right now (or a killed one was writing); it is never a lost
-  row, because the writer either finishes it or a resumed writer seals the segment without it.
+- Skipped: the trailing fragment without a newline of an OPEN segment. It is the line a live
+  writer is writing right now (or a killed one was writing): the writer either finishes it or a
+  resumed writer seals the segment without it.
+- Skipped, counted and reported: the torn fragment a sealed segment's marker declares
+  (`torn_bytes`, a line a killed writer left half-written, sealed as `recovered`). It is a row
+  lost for good, so `read_run` and `torn_report` count such fragments and warn
+  (`TornLineWarning`); `segment_body` gives the count per segment (ingestion reports it).
+- Refused (issue 31, class 4): a marker whose declared torn part holds a newline. A torn
+  fragment is by construction what follows the last newline, so newline-terminated lines there
+  are complete lines a rewritten marker is trying to drop unseen; the error says to delete the
+  marker, after which the segment is read as open and every complete line is kept.
 - Raises `TelemetryFormatError` (a `ValueError`) naming the file, the 1-based line number and the
   fix, for everything else: a completion marker that is not JSON, lacks a field, or does not
   match the segment (truncated, edited, or appended to after sealing); a newline-terminated line
@@ -22,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +45,10 @@ _FIX = ("move the file (and its .complete marker) out of the run folder, or rest
 
 class TelemetryFormatError(ValueError):
     """A segment or its marker is malformed; the message names the file, line and fix."""
+
+
+class TornLineWarning(RuntimeWarning):
+    """Sealed segments hold torn lines (half-written by a killed writer): rows lost for good."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,7 @@ def sealed_body(segment: Segment, data: bytes) -> bytes:
     size = int(marker["bytes"])
     body = data[:size]
     intact = (len(body) == size and body.count(b"\n") == marker["lines"]
+              and (not body or body.endswith(b"\n"))  # a seal ends at a line's end
               and hashlib.sha256(body).hexdigest() == marker["sha256"])
     if not intact:
         raise TelemetryFormatError(
@@ -114,7 +128,30 @@ def sealed_body(segment: Segment, data: bytes) -> bytes:
             f"telemetry segment {segment.path} has {len(data) - size} bytes after its sealed end "
             f"(written after sealing: two writers on one rank?); {_FIX}"
         )
+    torn = data[size:]
+    hidden_lines = torn.count(b"\n")
+    if hidden_lines:
+        raise TelemetryFormatError(
+            f"completion marker {marker_path(segment.path)} declares {len(torn)} bytes of "
+            f"telemetry segment {segment.path} torn, but they hold {hidden_lines} complete "
+            "line(s): a torn part is only ever the unfinished line after the last newline, so the "
+            "marker was rewritten to drop rows. Delete the marker (the segment is then read as "
+            "open and every complete line is kept) and re-ingest the run"
+        )
     return body
+
+
+def segment_body(segment: Segment, data: bytes) -> tuple[bytes, int]:
+    """(the complete lines of a segment's bytes `data`, bytes of a torn fragment dropped).
+
+    Sealed: checked against the marker (or raises, see `sealed_body`); the torn bytes are the
+    killed writer's unfinished line, lost for good. Open: up to the last newline; the torn bytes
+    are the line being written (not lost: see the module docstring)."""
+    if segment.complete:
+        body = sealed_body(segment, data)
+    else:
+        body = data[: data.rfind(b"\n") + 1]
+    return body, len(data) - len(body)
 
 
 def _bad_line(segment: Segment, line_no: int, problem: str) -> TelemetryFormatError:
@@ -168,19 +205,86 @@ def parse_text(segment: Segment, line_no: int, text: str) -> dict[str, Any]:
     return record
 
 
-def read_segment_lines(segment: Segment) -> list[tuple[int, dict[str, Any]]]:
-    """(line_no from 0, record) for every complete line of one segment."""
-    data = segment.path.read_bytes()
-    if segment.complete:
-        body = sealed_body(segment, data)
-    else:
-        body = data[: data.rfind(b"\n") + 1]  # drops a torn trailing fragment (see module doc)
+def _body_lines(segment: Segment, body: bytes) -> list[tuple[int, dict[str, Any]]]:
     if not body:
         return []
     return [
         (line_no, parse_line(segment, line_no, raw))
         for line_no, raw in enumerate(body[:-1].split(b"\n"))
     ]
+
+
+def read_segment_lines(segment: Segment) -> list[tuple[int, dict[str, Any]]]:
+    """(line_no from 0, record) for every complete line of one segment."""
+    body, _ = segment_body(segment, segment.path.read_bytes())  # drops a torn fragment
+    return _body_lines(segment, body)
+
+
+@dataclass(frozen=True)
+class RunRead:
+    """A run's records and what was dropped as torn on the way (see the module docstring)."""
+
+    records: list[dict[str, Any]]
+    torn_lines: int  # torn fragments of sealed segments: rows lost for good
+    torn_bytes: int
+    torn_segments: list[str]  # the sealed segments holding them
+    open_tail_bytes: int  # unfinished last lines of open segments (still being written)
+
+
+def _warn_torn(run_dir: Path, torn_segments: list[str], torn_bytes: int) -> None:
+    if torn_segments:
+        warnings.warn(
+            f"telemetry of {run_dir}: {len(torn_segments)} torn line(s) ({torn_bytes} bytes) "
+            f"dropped, rows a killed writer left half-written ({', '.join(torn_segments[:3])}"
+            f"{', ...' if len(torn_segments) > 3 else ''})",
+            TornLineWarning, stacklevel=3,
+        )
+
+
+def read_run(run_dir: str | Path, *, rank: int | None = None, warn: bool = True) -> RunRead:
+    """`read_run_events` with the count of what was dropped as torn (warned unless `warn` is
+    False)."""
+    records: list[dict[str, Any]] = []
+    torn_segments: list[str] = []
+    torn_bytes = open_tail = 0
+    for segment in list_segments(run_dir):
+        if rank is not None and segment.rank != rank:
+            continue
+        body, torn = segment_body(segment, segment.path.read_bytes())
+        records.extend(record for _, record in _body_lines(segment, body))
+        if torn and segment.complete:
+            torn_segments.append(str(segment.path))
+            torn_bytes += torn
+        else:
+            open_tail += torn
+    if warn:
+        _warn_torn(Path(run_dir), torn_segments, torn_bytes)
+    return RunRead(records, len(torn_segments), torn_bytes, torn_segments, open_tail)
+
+
+@dataclass(frozen=True)
+class TornReport:
+    torn_lines: int
+    torn_bytes: int
+    torn_segments: list[str]
+
+
+def torn_report(run_dir: str | Path, *, warn: bool = True) -> TornReport:
+    """The torn lines a run's sealed segments declare (rows lost for good), checked as `read_run`
+    checks them (a marker hiding complete lines raises), without parsing any line: for
+    ingestion to report beside what it stored."""
+    torn_segments: list[str] = []
+    torn_bytes = 0
+    for segment in list_segments(run_dir):
+        if not segment.complete:
+            continue
+        body, torn = segment_body(segment, segment.path.read_bytes())
+        if torn:
+            torn_segments.append(str(segment.path))
+            torn_bytes += torn
+    if warn:
+        _warn_torn(Path(run_dir), torn_segments, torn_bytes)
+    return TornReport(len(torn_segments), torn_bytes, torn_segments)
 
 
 def read_run_events(run_dir: str | Path, *, rank: int | None = None) -> list[dict[str, Any]]:
@@ -196,9 +300,9 @@ def read_run_events(run_dir: str | Path, *, rank: int | None = None) -> list[dic
 def latest_recorded(run_dir: str | Path) -> tuple[int, float] | None:
     """(max step, max elapsed_s) over the step and run_end events of a run's telemetry.
 
-    None when the folder does not exist or holds no such event (a fresh run). Used at resume to
-    bill the work a killed process did after its last checkpoint. Malformed files raise
-    `TelemetryFormatError` like every reader here.
+    None when the folder does not exist or holds no such event (a fresh run). Used at resume only
+    to cross-check the run ledger (`training.ledger`), never to bill: anyone can add a segment
+    here (issue 31, class 4). Malformed files raise `TelemetryFormatError` like every reader.
     """
     if not Path(run_dir).is_dir():
         return None

@@ -37,21 +37,37 @@ naming the file and the holder's pid and program.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import random
 import re
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 
-from telemetry.reader import Segment, list_segments, parse_line, parse_text, sealed_body
+from telemetry.ingest_fast import (
+    SegmentColumns,
+    SegmentRows,
+    float64_array,
+    int64_array,
+    payload_array,
+    rows_table,
+    sealed_columns,
+    split_sealed,
+    string_array,
+)
+from telemetry.reader import Segment, list_segments, parse_line, parse_text, segment_body
 
 TABLE = "telemetry_events"
 REPLAYABLE_EVENT_TYPES = ("step", "eval")  # repeated work when a resume replays steps
@@ -68,19 +84,20 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     step BIGINT,
     wall_time_s DOUBLE,
     is_replay BOOLEAN NOT NULL DEFAULT false,
-    payload JSON NOT NULL,
-    PRIMARY KEY (run_id, rank, segment, segment_key, line_no)
+    payload JSON NOT NULL
 )
 """
 _COLUMNS = ("run_id", "run_instance", "rank", "segment", "segment_key", "line_no", "event_type",
             "step", "wall_time_s", "payload")
-_SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("run_instance", pa.string()), ("rank", pa.int32()),
-    ("segment", pa.int32()), ("segment_key", pa.string()), ("line_no", pa.int32()),
-    ("event_type", pa.string()), ("step", pa.int64()), ("wall_time_s", pa.float64()),
-    ("payload", pa.string()),
-])
-# Replays of touched (run, instance, rank) groups, recomputed from scratch: idempotent.
+# Replays of touched (run, instance, rank) groups, recomputed from scratch: idempotent. Only rows
+# whose (type, step) key occurs twice in its group can be replays, or be flagged and stop being
+# one, so the window runs over those (and over flagged rows): one hash aggregate finds them, a
+# sort of the whole group is not needed. A hash collision only adds a row whose window then says
+# "first", which is what it is.
+_REPLAY_CANDIDATES = f"""
+    event_type IN {REPLAYABLE_EVENT_TYPES}
+    AND (run_id, run_instance, rank) IN (SELECT * FROM touched_groups)
+"""
 _MARK_REPLAYS = f"""
 UPDATE {TABLE} AS t SET is_replay = r.replay
 FROM (
@@ -89,13 +106,18 @@ FROM (
                PARTITION BY run_id, run_instance, rank, event_type, step
                ORDER BY segment, line_no) > 1 AS replay
     FROM {TABLE}
-    WHERE event_type IN {REPLAYABLE_EVENT_TYPES}
-      AND (run_id, run_instance, rank) IN (SELECT * FROM touched_groups)
+    WHERE {_REPLAY_CANDIDATES}
+      AND (is_replay OR hash(run_id, run_instance, rank, event_type, step) IN (
+          SELECT hash(run_id, run_instance, rank, event_type, step) FROM {TABLE}
+          WHERE {_REPLAY_CANDIDATES} GROUP BY 1 HAVING count(*) > 1))
 ) AS r
 WHERE t.run_id = r.run_id AND t.rank = r.rank AND t.segment = r.segment
   AND t.segment_key = r.segment_key AND t.line_no = r.line_no
   AND t.is_replay IS DISTINCT FROM r.replay
 """
+BATCH_LINES = 32_768  # rows per INSERT: memory holds one batch (~16 MiB of text), not the run
+DUCKDB_MEMORY_LIMIT = "128MB"  # DuckDB's own buffers during an ingest (it spills past this)
+DUCKDB_THREADS = 1
 _DUCKDB_MAGIC = b"DUCK"  # bytes 8..12 of every DuckDB database file
 _HOLDER = re.compile(r"Conflicting lock is held in (.*?) \(PID (\d+)\)")
 
@@ -228,73 +250,161 @@ def _stored_lines(run_id: str, db_path: Path, lock_timeout_s: float) -> StoredLi
     return {(rank, segment, key): lines for rank, segment, key, lines in rows}
 
 
-def _segment_lines(
-    segment: Segment, stored: StoredLines
-) -> tuple[str | None, list[dict[str, Any]], list[str] | None]:
-    """(segment_key, records still to store, their line texts) of one segment.
+def _strict_columns(segment: Segment, body: bytes, first: dict[str, Any],
+                    run_id: str) -> SegmentColumns:
+    """Columns of a segment's lines through the strict path: every line parsed and checked in
+    Python (`parse_text`, the reader's checks and errors) and stored as its canonical text.
 
-    Key None for an empty segment; texts None where the body is not UTF-8 (each line is then
-    decoded alone, so the first bad line is refused by number, as `parse_line` does).
-    Re-ingestion (the `telemetry` asset ingests a partition's runs at every materialization):
-    a sealed segment whose every line is stored already is checked against its marker (bytes,
-    lines, sha256) and its first line parsed for its key, and the other lines are not parsed
-    again; they are what the store holds (their key and count match, and a sealed segment never
-    changes). Records as `telemetry.reader.read_segment_lines` gives them, and the same errors.
+    Taken by open segments (no seal vouches for their text) and by any sealed segment the fast
+    path refused (`ingest_fast.sealed_columns`), so a malformed line is refused by number, and a
+    valid but unusual one (non-ASCII text, a hand-written spacing) is stored canonical.
     """
-    data = segment.path.read_bytes()
-    body = sealed_body(segment, data) if segment.complete else data[: data.rfind(b"\n") + 1]
-    if not body:
-        return None, [], None
     raw_lines = body[:-1].split(b"\n")
-    first = parse_line(segment, 0, raw_lines[0])
-    key = segment_key(first)
-    if segment.complete and stored.get((segment.rank, segment.index, key)) == len(raw_lines):
-        return key, [], None
     try:  # one decode for the body; "\n" is one byte in UTF-8 and never inside a character
         texts: list[str] | None = body[:-1].decode("utf-8").split("\n")
-    except UnicodeDecodeError:
+    except UnicodeDecodeError:  # each line decoded alone: the first bad one is named
         texts = None
     if texts is None:
         rest = [parse_line(segment, line_no, raw) for line_no, raw in enumerate(raw_lines[1:], 1)]
     else:
         rest = [parse_text(segment, line_no, text) for line_no, text in enumerate(texts[1:], 1)]
-    return key, [first, *rest], texts
+    records = [first, *rest]
+    for line_no, record in enumerate(records):
+        if record["run_id"] != run_id:
+            raise ValueError(
+                f"{segment.path} line {line_no + 1} belongs to run {record['run_id']!r}, not "
+                f"{run_id!r}; move the file to its own run folder"
+            )
+    return SegmentColumns(
+        event_type=string_array([record["type"] for record in records]),
+        step=int64_array([record["step"] for record in records]),
+        wall_time_s=float64_array([record.get("wall_time_s") for record in records]),
+        payload=payload_array(canonical_payloads(records, texts)),
+    )
 
 
-def _rows(run_dir: Path, stored: StoredLines | None = None) -> pa.Table:
+@dataclass(frozen=True)
+class _Source:
+    """What the strict path needs to decode a segment again (see `decoded_batches`)."""
+
+    segment: Segment
+    body: bytes
+    first: dict[str, Any]
+
+
+def _newlines(body: bytes) -> int:
+    return len(body) - len(body.replace(b"\n", b""))  # memchr speed; bytes.count is 9x slower
+
+
+def _new_lines(run_dir: Path, stored: StoredLines) -> Iterator[tuple[SegmentRows, _Source]]:
+    """The lines of each segment of a run that the store lacks, segment by segment, in order.
+
+    Every segment is read and checked (a sealed one against its marker: bytes, lines, sha256)
+    and its first line parsed for its key. A sealed segment whose every line is stored already
+    is not decoded further: its lines are what the store holds (same key, same count, and a
+    sealed segment never changes). Otherwise a sealed segment whose first line is canonical
+    takes the fast path (`ingest_fast.sealed_columns`; its payload is split later, a batch at a
+    time), and any other segment the strict one (`_strict_columns`). Raises
+    `TelemetryFormatError` naming the file and line as `telemetry.reader` does.
+    """
     run_id = run_dir.name
-    columns: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
     instance_of_rank: dict[int, str] = {}
     for segment in list_segments(run_dir):
-        key, records, texts = _segment_lines(segment, stored or {})
-        if key is None:
+        body, _ = segment_body(segment, segment.path.read_bytes())
+        if not body:
             continue
+        first_text = body[: body.index(b"\n")]
+        first = parse_line(segment, 0, first_text)
+        key = segment_key(first)
         instance = instance_of_rank.setdefault(segment.rank, key)
-        if not records:
+        lines = _newlines(body)
+        done = stored.get((segment.rank, segment.index, key), 0)
+        if segment.complete and done >= lines:
             continue
-        wall_times_s = []
-        for line_no, record in enumerate(records):
-            if record["run_id"] != run_id:
-                raise ValueError(
-                    f"{segment.path} line {line_no + 1} belongs to run {record['run_id']!r}, not "
-                    f"{run_id!r}; move the file to its own run folder"
-                )
-            wall_time_s = record.get("wall_time_s")
-            wall_times_s.append(None if wall_time_s is None else float(wall_time_s))
-        # Lines of a segment that are stored already are all its lines (see `_segment_lines`),
-        # so the lines to store are 0..n-1: columns built a segment at a time.
-        count = len(records)
-        columns["run_id"].extend([run_id] * count)
-        columns["run_instance"].extend([instance] * count)
-        columns["rank"].extend([segment.rank] * count)
-        columns["segment"].extend([segment.index] * count)
-        columns["segment_key"].extend([key] * count)
-        columns["line_no"].extend(range(count))
-        columns["event_type"].extend([record["type"] for record in records])
-        columns["step"].extend([record["step"] for record in records])
-        columns["wall_time_s"].extend(wall_times_s)
-        columns["payload"].extend(canonical_payloads(records, texts))
-    return pa.table(columns, schema=_SCHEMA)
+        columns = None
+        if segment.complete and canonical_payload(first).encode("utf-8") == first_text:
+            columns = sealed_columns(body, run_id, segment.rank)
+        if columns is None:
+            columns = _strict_columns(segment, body, first, run_id)
+        if done < lines:  # stored lines are always a prefix: an ingest stores a whole body
+            yield (SegmentRows(segment.rank, segment.index, key, instance,
+                               columns.tail(done) if done else columns),
+                   _Source(segment, body, first))
+
+
+@dataclass(frozen=True)
+class Batch:
+    rows: pa.Table  # the store's columns but `is_replay`
+    groups: frozenset[tuple[str, str, int]]  # its (run_id, run_instance, rank)
+
+
+def _finished(run_id: str, pending: list[tuple[SegmentRows, _Source]],
+              splitter: duckdb.DuckDBPyConnection) -> Batch:
+    parts, refused = split_sealed([rows for rows, _ in pending], splitter)
+    for index in refused:  # not one object per line: the strict path says why, or stores them
+        rows, source = pending[index]
+        columns = _strict_columns(source.segment, source.body, source.first, run_id)
+        parts[index] = dataclasses.replace(rows, columns=columns.tail(rows.columns.first))
+    return Batch(rows_table(run_id, parts),
+                 frozenset((run_id, part.run_instance, part.rank) for part in parts))
+
+
+def decoded_batches(run_dir: str | Path, stored: StoredLines | None = None) -> Iterator[Batch]:
+    """The rows a run adds to a store holding `stored`, in batches of about BATCH_LINES rows.
+    Files only, no database: `ingest` inserts each batch as it comes, so memory holds one
+    batch, not the run."""
+    run_id = Path(run_dir).name
+    with duckdb.connect() as splitter:  # in memory, for `ingest_fast.split_sealed`
+        splitter.execute("SET threads = 1")
+        pending: list[tuple[SegmentRows, _Source]] = []
+        lines = 0
+        for rows, source in _new_lines(Path(run_dir), stored or {}):
+            pending.append((rows, source))
+            lines += len(rows.columns)
+            if lines >= BATCH_LINES:
+                yield _finished(run_id, pending, splitter)
+                pending, lines = [], 0
+        if pending:
+            yield _finished(run_id, pending, splitter)
+
+
+_WRITE_LOCKS: dict[str, threading.Lock] = {}
+_WRITE_LOCKS_GUARD = threading.Lock()
+
+
+def _write_lock(db_path: str | Path) -> threading.Lock:
+    """One writer per database file in this process too. DuckDB's file lock keeps other
+    processes out, but connections of one process share the file, and two ingests there would
+    both count the same stored lines and both append the rest (the table has no key to refuse
+    the second; see `_CREATE`)."""
+    with _WRITE_LOCKS_GUARD:
+        return _WRITE_LOCKS.setdefault(os.path.realpath(db_path), threading.Lock())
+
+
+def _configure(con: duckdb.DuckDBPyConnection) -> None:
+    # Bounded memory: DuckDB spills past this; the default is 80% of the machine.
+    con.execute(f"SET memory_limit = '{DUCKDB_MEMORY_LIMIT}'")
+    # zstd on the payload text, chosen outright: the automatic choice analyses every method
+    # first (twice the insert's CPU) and picks a dictionary/FSST file twice as large.
+    con.execute("SET force_compression = 'zstd'")
+    # One thread: a second halves nothing here but adds its CPU time (measured: issue 29).
+    con.execute(f"SET threads = {DUCKDB_THREADS}")
+
+
+def _stored_in(con: duckdb.DuckDBPyConnection, run_id: str) -> StoredLines:
+    rows = con.execute(f"SELECT rank, segment, segment_key, count(*) FROM {TABLE} "
+                       "WHERE run_id = ? GROUP BY ALL", [run_id]).fetchall()
+    return {(rank, segment, key): lines for rank, segment, key, lines in rows}
+
+
+def _insert(con: duckdb.DuckDBPyConnection, batch: Batch) -> int:
+    # One chunk per column (not one per segment): measured a third less insert CPU. A relation,
+    # not `register`: a view registered inside the transaction keeps its Arrow table alive until
+    # the commit (measured: the whole run's text in memory at 1M events).
+    con.from_arrow(batch.rows.combine_chunks()).query(
+        "incoming_rows", f"INSERT INTO {TABLE} ({', '.join(_COLUMNS)}) "
+                         f"SELECT {', '.join(_COLUMNS)} FROM incoming_rows")
+    return batch.rows.num_rows
 
 
 def _migrate_v1(con: duckdb.DuckDBPyConnection) -> None:
@@ -330,32 +440,46 @@ def ingest(run_dir: str | Path, db_path: str | Path, *, lock_timeout_s: float = 
 
     `run_dir` is `<telemetry_dir>/<run_id>`; its folder name is the run id, and every record must
     carry it (a record of another run means a misplaced file and raises). Malformed files raise
-    `telemetry.reader.TelemetryFormatError` before the database is opened. A lock held by
-    another process is waited for (see `connect_with_retry`).
+    `telemetry.reader.TelemetryFormatError`, and nothing of the run is stored: the files of the
+    first batch (BATCH_LINES lines, all of a small run) are checked before the database is
+    opened, the later ones inside the write transaction, which an error rolls back. A lock held
+    by another process is waited for (see `connect_with_retry`).
     """
     run_dir = Path(run_dir)
+    run_id = run_dir.name
     check_db_path(db_path)
-    # Files first: the write lock is held only for the insert. Sealed segments stored already
-    # are not parsed again (a short read-only look at the store first; see `_segment_lines`).
-    rows = _rows(run_dir, _stored_lines(run_dir.name, Path(db_path), lock_timeout_s))
+    # A short read-only look first: sealed segments stored already are not decoded again.
+    stored = _stored_lines(run_id, Path(db_path), lock_timeout_s)
+    batches = decoded_batches(run_dir, stored)
+    first = next(batches, None)
+    inserted = 0
     Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-    with connect_with_retry(db_path, lock_timeout_s=lock_timeout_s) as con:
+    with _write_lock(db_path), connect_with_retry(db_path, lock_timeout_s=lock_timeout_s) as con:
+        _configure(con)
         con.execute("BEGIN TRANSACTION")
-        con.execute(_CREATE)
-        _migrate_v1(con)
-        if rows.num_rows == 0:
+        try:
+            con.execute(_CREATE)
+            _migrate_v1(con)
+            now = _stored_in(con, run_id)
+            if now != stored:  # another ingest stored lines between the look and the lock
+                batches.close()
+                batches = decoded_batches(run_dir, now)
+                first = next(batches, None)
+            touched: set[tuple[str, str, int]] = set()
+            for batch in itertools.chain([] if first is None else [first], batches):
+                inserted += _insert(con, batch)
+                touched |= batch.groups
+            if inserted:
+                con.execute("CREATE OR REPLACE TEMP TABLE touched_groups "
+                            "(run_id VARCHAR, run_instance VARCHAR, rank INTEGER)")
+                con.executemany("INSERT INTO touched_groups VALUES (?, ?, ?)", sorted(touched))
+                con.execute(_MARK_REPLAYS)
             con.execute("COMMIT")
-            return 0
-        con.register("incoming_rows", rows)
-        inserted = con.execute(
-            f"INSERT OR IGNORE INTO {TABLE} ({', '.join(_COLUMNS)}) "
-            f"SELECT {', '.join(_COLUMNS)} FROM incoming_rows"
-        ).fetchone()
-        con.execute("CREATE OR REPLACE TEMP TABLE touched_groups AS "
-                    "SELECT DISTINCT run_id, run_instance, rank FROM incoming_rows")
-        con.execute(_MARK_REPLAYS)
-        con.execute("COMMIT")
-    return int(inserted[0]) if inserted else 0
+        except BaseException:
+            with contextlib.suppress(duckdb.Error):  # the error that got here is the one to see
+                con.execute("ROLLBACK")
+            raise
+    return inserted
 
 
 def _connect_read_only(

@@ -19,21 +19,37 @@ segment back to its last complete line, so the file stays readable and no torn l
 the writer stays usable for `close()` (and for a retry once space is freed). Lines go straight to
 the file descriptor (`os.write`, no user-space buffer), so nothing half-written can be flushed
 later behind the truncation.
+
+Links (issue 31, class 2): the rank folder must resolve inside the telemetry folder (a planted
+link at `<run_id>` or `rank<R>` is refused); a segment is created `O_EXCL | O_NOFOLLOW`; a
+marker is written to a temp file with an unpredictable name (`mkstemp`) and renamed over its
+name, which replaces a planted link instead of writing through it; a segment that is a link or
+not a regular file is refused, not read (a FIFO would block the trainer). The helpers of
+`training.safe_files` cannot be used here (telemetry imports nothing of ours), hence the few
+lines below. A write that fails because the rank folder was removed or replaced says so
+instead of "free space".
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
+import stat
+import tempfile
 from pathlib import Path
 from typing import Any, Self
 
 from telemetry.events import Event, to_record
 
-SEGMENT_PATTERN = re.compile(r"^segment-(\d{5})\.jsonl$")
-_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# `\Z`, not `$`: `$` also matches before a final newline ("run\n" would pass). The reader
+# matches SEGMENT_PATTERN with `.match`, so the anchors stay in the pattern.
+SEGMENT_PATTERN = re.compile(r"^segment-(\d{5})\.jsonl\Z")
+_NAME_PATTERN = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+# Marker temp files (`.segment-00000.complete.<random>.tmp`) a killed writer left behind.
+_MARKER_TEMP_PATTERN = re.compile(r"\.segment-\d{5}\.complete\..+\.tmp")
 _write_fd = os.write  # the one call that appends lines; fault-injection tests replace it
 
 
@@ -53,7 +69,7 @@ def marker_path(segment_path: Path) -> Path:
 
 def rank_dir(telemetry_dir: Path, run_id: str, rank: int) -> Path:
     """`<telemetry_dir>/<run_id>/rank<R>`, with `run_id` checked to be one safe path part."""
-    if not _NAME_PATTERN.match(run_id):
+    if not isinstance(run_id, str) or not _NAME_PATTERN.fullmatch(run_id):
         raise ValueError(
             f"run_id {run_id!r} must be letters, digits, '.', '_' or '-' (no path separators), "
             "starting with a letter or digit; pick such a run id"
@@ -63,17 +79,55 @@ def rank_dir(telemetry_dir: Path, run_id: str, rank: int) -> Path:
     return Path(telemetry_dir) / run_id / f"rank{rank}"
 
 
+class TelemetryFolderError(ValueError):
+    """A path in a rank folder is a link, not a regular file, or resolves outside the telemetry
+    folder; the message names it and the fix."""
+
+
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    # An unpredictable temp name (O_EXCL inside mkstemp): a fixed `.name.tmp` could be a planted
+    # link, and opening it would truncate the file it points to.
+    handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
+                                         suffix=".tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        try:
+            os.fchmod(handle, 0o644)
+            view = memoryview(text.encode("utf-8"))
+            while view:
+                view = view[os.write(handle, view):]
+            os.fsync(handle)
+        finally:
+            os.close(handle)
+        os.replace(temp_name, path)  # replaces a planted link itself, never its target
     except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk must not leave half a marker behind
+        try:  # a full disk must not leave half a marker behind
+            os.unlink(temp_name)
+        except FileNotFoundError:
+            pass
         raise
+
+
+def _read_segment(segment_path: Path) -> bytes:
+    """The bytes of a segment that is a regular file (not a link, not a FIFO)."""
+    try:
+        handle = os.open(segment_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno == errno.ELOOP or segment_path.is_symlink():
+            raise TelemetryFolderError(
+                f"telemetry segment {segment_path} is a symbolic link; trainwise writes none. "
+                "Remove it (or move it out of the run folder) and start again") from error
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
+            raise TelemetryFolderError(
+                f"telemetry segment {segment_path} is not a regular file; remove it (or move "
+                "it out of the run folder) and start again")
+        chunks = []
+        while chunk := os.read(handle, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(handle)
 
 
 def seal_segment(segment_path: Path, *, recovered: bool = False) -> dict[str, Any]:
@@ -81,7 +135,7 @@ def seal_segment(segment_path: Path, *, recovered: bool = False) -> dict[str, An
 
     A torn trailing fragment (no newline) is left in the file but excluded from the count.
     """
-    data = segment_path.read_bytes()
+    data = _read_segment(segment_path)
     complete = data[: data.rfind(b"\n") + 1]
     marker = {
         "lines": complete.count(b"\n"),
@@ -92,6 +146,16 @@ def seal_segment(segment_path: Path, *, recovered: bool = False) -> dict[str, An
     }
     _write_atomic(marker_path(segment_path), json.dumps(marker, sort_keys=True) + "\n")
     return marker
+
+
+def _ensure_inside(folder: Path, path: Path) -> None:
+    root = os.path.realpath(folder)
+    resolved = os.path.realpath(path)
+    if os.path.commonpath([root, resolved]) != root:
+        raise TelemetryFolderError(
+            f"telemetry folder {path} resolves to {resolved}, outside {root}: a link there "
+            "would send this run's telemetry into another folder. Remove the link and start "
+            "again (to keep telemetry on another disk, point the run folder itself there)")
 
 
 class SegmentWriter:
@@ -111,7 +175,11 @@ class SegmentWriter:
         self.rank = rank
         self.events_per_segment = events_per_segment
         self.directory = rank_dir(Path(telemetry_dir), run_id, rank)
+        _ensure_inside(Path(telemetry_dir), self.directory)  # before mkdir follows a link
         self.directory.mkdir(parents=True, exist_ok=True)
+        _ensure_inside(Path(telemetry_dir), self.directory)  # a link planted meanwhile
+        folder = os.stat(self.directory)
+        self._identity = (folder.st_dev, folder.st_ino)  # to tell a removed folder from a full disk
         self._fd: int | None = None
         self._lines_in_segment = 0
         self._good_bytes = 0  # bytes of complete lines in the open segment
@@ -122,7 +190,10 @@ class SegmentWriter:
     def _recover_and_next_index(self) -> int:
         indices = []
         for path in self.directory.iterdir():
-            match = SEGMENT_PATTERN.match(path.name)
+            if _MARKER_TEMP_PATTERN.fullmatch(path.name):
+                path.unlink(missing_ok=True)  # one writer per rank: a killed writer's temp
+                continue
+            match = SEGMENT_PATTERN.fullmatch(path.name)
             if not match:
                 continue
             indices.append(int(match.group(1)))
@@ -134,7 +205,10 @@ class SegmentWriter:
         self.segment_path = self.directory / segment_name(self._next_index)
         self._next_index += 1
         # O_EXCL: a segment is never reopened; an existing file here means two writers on one rank.
-        self._fd = os.open(self.segment_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        # (O_EXCL also refuses a planted link; O_NOFOLLOW says so for kernels that need it.)
+        self._fd = os.open(self.segment_path,
+                           os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                           0o644)
         self._lines_in_segment = 0
         self._good_bytes = 0
 
@@ -167,12 +241,29 @@ class SegmentWriter:
                 "readable") from error
         self._good_bytes += len(data)
 
+    def _folder_gone(self) -> str | None:
+        """How the rank folder changed since this writer opened it, None if it did not."""
+        try:
+            now = os.stat(self.directory)
+        except FileNotFoundError:
+            return "removed"
+        except OSError:
+            return None
+        return None if (now.st_dev, now.st_ino) == self._identity else "replaced"
+
     def _failure(self, error: OSError, state: str) -> TelemetryWriteError:
         self._write_failed = True
+        gone = self._folder_gone()
+        if gone is not None:
+            fix = (f"This is not a full disk: the folder {self.directory} was {gone} while the "
+                   "trainer wrote it (a clean-up job, `rm -rf`, a restore). Stop whatever did "
+                   "it, then resume the run")
+        else:
+            fix = ("Free space on that file system (or replace the failing device), then "
+                   "resume the run")
         message = (
             f"could not write telemetry segment {self.segment_path} ({error.strerror or error}); "
-            f"the segment was {state}. Free space on that file system (or replace the failing "
-            "device), then resume the run"
+            f"the segment was {state}. {fix}"
         )
         if error.errno is None:
             return TelemetryWriteError(message)

@@ -8,6 +8,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ["TRAINWISE_TORCH_THREADS"] = "1"
+# One deployment key for the whole session: each test has its own TRAINWISE_HOME (and so its own
+# state.key), but module-scoped runs trained under one test are resumed under another.
+os.environ.setdefault("TRAINWISE_STATE_KEY", "5e" * 32)
 
 try:
     import torch

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.cant_be_late import scenario as S
 from benchmarks.cant_be_late import trainwise as T
-from benchmarks.cost import protocol
+from cloud import scenario_protocol as protocol
 from tests.shared_data import needs_cant_be_late_reference
 
 pytestmark = needs_cant_be_late_reference

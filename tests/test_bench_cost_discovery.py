@@ -9,7 +9,8 @@ import shutil
 
 import pytest
 
-from benchmarks.cost import main, suite
+from benchmarks.cost import main
+from cloud import scenarios
 from tests.shared_data import needs_spot_data
 
 OURS = {"availability-1node-aws-2023-02": 1, "availability-1node-aws-2022-10": 1,
@@ -17,33 +18,33 @@ OURS = {"availability-1node-aws-2023-02": 1, "availability-1node-aws-2022-10": 1
 
 
 def test_the_shared_collections_give_the_suites_own_settings():
-    assert suite.settings_for(OURS) == suite.SETTINGS
-    assert suite.short_settings(suite.settings_for(OURS)) == suite.SHORT_SETTINGS
+    assert scenarios.settings_for(OURS) == scenarios.SETTINGS
+    assert scenarios.short_settings(scenarios.settings_for(OURS)) == scenarios.SHORT_SETTINGS
 
 
 def test_an_added_collection_is_scored_by_its_node_count():
-    settings = {s.name: s for s in suite.settings_for({**OURS, "gcp-a100-1node": 1,
+    settings = {s.name: s for s in scenarios.settings_for({**OURS, "gcp-a100-1node": 1,
                                                        "aws-16node": 16})}
     assert settings["single_node"].folders[-1] == "gcp-a100-1node"
-    assert settings["single_node"].folders[:3] == suite.SINGLE_NODE_FOLDERS
+    assert settings["single_node"].folders[:3] == scenarios.SINGLE_NODE_FOLDERS
     gang = settings["gang_16node"]
     assert (gang.node_count, gang.folders, gang.copies, gang.synthetic) == (
         16, ("aws-16node",), 1, False)
-    assert gang.train_h == suite.GANG_4NODE.train_h and gang.deadline_h == 52.0
-    short = {s.name: s for s in suite.short_settings(settings.values())}
+    assert gang.train_h == scenarios.GANG_4NODE.train_h and gang.deadline_h == 52.0
+    short = {s.name: s for s in scenarios.short_settings(settings.values())}
     assert set(short) == {"gang_4node_short", "gang_16node_short"}
     assert (short["gang_16node_short"].train_h, short["gang_16node_short"].deadline_h) == (
         4.0, 5.2)
     # The synthetic 16-node market stays where its 4-node source is, and only there.
     assert "multi_node" in settings
-    assert "multi_node" not in {s.name for s in suite.settings_for({"aws-16node": 16})}
-    assert not suite.settings_for({})
+    assert "multi_node" not in {s.name for s in scenarios.settings_for({"aws-16node": 16})}
+    assert not scenarios.settings_for({})
 
 
 @needs_spot_data
 @pytest.mark.slow
 def test_the_quick_suite_scores_a_collection_added_to_the_data_folder(tmp_path, monkeypatch):
-    shared = suite.default_spot_dir().parent
+    shared = scenarios.default_spot_dir().parent
     data = tmp_path / "data"
     (data / "spot").mkdir(parents=True)
     for entry in shared.iterdir():

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import benchmarks.cost.protocol as protocol
+import cloud.scenario_protocol as protocol
 from benchmarks.cost import learned as learned_mod
-from benchmarks.cost import report, suite
+from benchmarks.cost import report
 from benchmarks.cost.learned import (
     LEARNED,
     Fold,
@@ -20,17 +20,11 @@ from benchmarks.cost.learned import (
     fold_of,
     ppo_trainer,
 )
-from benchmarks.cost.protocol import LOCO, LTO, loco_split, lto_split_tick
-from benchmarks.cost.suite import (
-    GANG_4NODE,
-    SINGLE_NODE,
-    Scenario,
-    ScenarioOutcome,
-    build_scenarios,
-    rules_for,
-    run_scenarios,
-)
+from benchmarks.cost.suite import ScenarioOutcome, run_scenarios
+from cloud import scenarios
 from cloud.risk_fit import fit_risk_model as real_fit
+from cloud.scenario_protocol import LOCO, LTO, loco_split, lto_split_tick
+from cloud.scenarios import GANG_4NODE, SINGLE_NODE, Scenario, build_scenarios, rules_for
 from cloud.simulator import JobSpec, Market
 from tests.shared_data import needs_spot_data
 
@@ -65,8 +59,8 @@ class Spies:
 def spies(monkeypatch):
     spy = Spies()
     monkeypatch.setattr(protocol, "fit_risk_model", spy.fit)
-    monkeypatch.setattr(suite, "_RISK_MODELS", {})
-    monkeypatch.setattr(suite, "_WINDOW_MODELS", {})
+    monkeypatch.setattr(scenarios, "_RISK_MODELS", {})
+    monkeypatch.setattr(scenarios, "_WINDOW_MODELS", {})
     return spy
 
 
@@ -75,7 +69,7 @@ def test_loco_fold_never_trains_on_its_held_out_collection(spies, tmp_path):
     policies = LearnedPolicies(TINY, tmp_path, spies.trainer)
     policies.network(Fold(LOCO, HELD_OUT))
     assert spies.cells and {c.source_folder for c in spies.cells} == (
-        set(suite.SINGLE_NODE_FOLDERS) - {HELD_OUT})
+        set(scenarios.SINGLE_NODE_FOLDERS) - {HELD_OUT})
     for cell in spies.cells:  # nor through the heuristic's risk model inside the environment
         assert HELD_OUT not in cell.fit_split.fit_collections
     assert spies.fits, "the learner's environment fitted no risk model: the spy saw nothing"
@@ -110,7 +104,7 @@ def test_lto_fold_trains_only_on_windows_that_end_before_the_cut(spies, tmp_path
 
 @needs_spot_data
 def test_gang_lto_fold_trains_on_gang_windows_before_the_cut(tmp_path):
-    cells = learned_mod.training_cells(Fold(LTO, suite.MULTI_NODE_FOLDER), TINY)
+    cells = learned_mod.training_cells(Fold(LTO, scenarios.MULTI_NODE_FOLDER), TINY)
     assert cells and {c.setting.name for c in cells} == {GANG_4NODE.name}
     for cell in cells:
         cut = lto_split_tick(cell.trace_market.n_ticks, cell.window_ticks)

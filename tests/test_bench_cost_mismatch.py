@@ -55,7 +55,7 @@ def test_markets_follow_the_distorted_model():
     import dataclasses
 
     from benchmarks.cost import bound as B
-    from benchmarks.cost.protocol import LOCO
+    from cloud.scenario_protocol import LOCO
     from cloud.synthetic_market import run_lengths_s
 
     cell = B.suite_cells([LOCO], ["single_node"], [B.SINGLE])[-1]

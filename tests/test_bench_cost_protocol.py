@@ -14,9 +14,19 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-import benchmarks.cost.protocol as protocol
-from benchmarks.cost import report, suite
-from benchmarks.cost.protocol import (
+import cloud.scenario_protocol as protocol
+from benchmarks.cost import report
+from benchmarks.cost.stats import (
+    block_bootstrap,
+    independent_windows,
+    robustness,
+    time_blocks,
+)
+from benchmarks.cost.suite import ScenarioOutcome
+from cloud import scenarios as cloud_scenarios
+from cloud.risk_fit import AvailabilityHistory
+from cloud.risk_fit import fit_risk_model as real_fit
+from cloud.scenario_protocol import (
     LOCO,
     LTO,
     FitSplit,
@@ -27,23 +37,14 @@ from benchmarks.cost.protocol import (
     lto_split_tick,
     runs_before,
 )
-from benchmarks.cost.stats import (
-    block_bootstrap,
-    independent_windows,
-    robustness,
-    time_blocks,
-)
-from benchmarks.cost.suite import (
+from cloud.scenarios import (
     MULTI_NODE,
     SINGLE_NODE,
     Scenario,
-    ScenarioOutcome,
     build_scenarios,
     risk_model_for,
     rules_for,
 )
-from cloud.risk_fit import AvailabilityHistory
-from cloud.risk_fit import fit_risk_model as real_fit
 from cloud.simulator import JobSpec, Market
 from cloud.traces import default_spot_dir
 from controllers.preemption_risk import DOWN, UP
@@ -148,8 +149,8 @@ def test_suite_never_hands_the_held_out_collection_to_the_fit(monkeypatch):
     """On real data: every LOCO window's fit sees no tick and no history of its collection."""
     spy = FitSpy()
     monkeypatch.setattr(protocol, "fit_risk_model", spy)
-    monkeypatch.setattr(suite, "_RISK_MODELS", {})
-    monkeypatch.setattr(suite, "_WINDOW_MODELS", {})
+    monkeypatch.setattr(cloud_scenarios, "_RISK_MODELS", {})
+    monkeypatch.setattr(cloud_scenarios, "_WINDOW_MODELS", {})
     held_out = "preemption-1node-aws-2023-04"
     scenarios = build_scenarios(SINGLE_NODE, rules_for(SINGLE_NODE), 2, max_zones=2,
                                 folders=(held_out,), kinds=("single_zone",))
@@ -163,15 +164,15 @@ def test_suite_never_hands_the_held_out_collection_to_the_fit(monkeypatch):
     assert cutoff == 0 and target.available.shape[1] == 0
     names = [h.name for h in prior]
     assert names and not any(name.startswith(held_out) for name in names)
-    assert {name.split("/")[0] for name in names} == set(suite.all_collections()) - {held_out}
+    assert {name.split("/")[0] for name in names} == set(cloud_scenarios.all_collections()) - {held_out}
 
 
 @needs_data
 def test_suite_leave_time_out_scores_only_windows_after_its_fit(monkeypatch):
     spy = FitSpy()
     monkeypatch.setattr(protocol, "fit_risk_model", spy)
-    monkeypatch.setattr(suite, "_RISK_MODELS", {})
-    monkeypatch.setattr(suite, "_WINDOW_MODELS", {})
+    monkeypatch.setattr(cloud_scenarios, "_RISK_MODELS", {})
+    monkeypatch.setattr(cloud_scenarios, "_WINDOW_MODELS", {})
     scenarios = build_scenarios(SINGLE_NODE, rules_for(SINGLE_NODE), 3, max_zones=2,
                                 folders=("preemption-1node-aws-2023-04",),
                                 kinds=("single_zone",), protocol=LTO)
@@ -189,7 +190,7 @@ def test_synthetic_market_refuses_a_time_split_and_is_labelled():
     with pytest.raises(ValueError, match="synthetic market; leave-time-out cannot split it"):
         build_scenarios(MULTI_NODE, rules_for(MULTI_NODE), 1, max_zones=1, protocol=LTO)
     assert MULTI_NODE.synthetic and not SINGLE_NODE.synthetic
-    assert not suite.GANG_4NODE.synthetic and suite.GANG_4NODE.copies == 1
+    assert not cloud_scenarios.GANG_4NODE.synthetic and cloud_scenarios.GANG_4NODE.copies == 1
 
 
 # Statistics ---------------------------------------------------------------------------------------
@@ -259,7 +260,7 @@ def _outcome(setting, folder: str, start: int, costs: dict[str, float], oracle: 
 
 def test_synthetic_cells_are_never_pooled_with_real_ones_nor_headlined():
     split = loco_split("preemption-4node-aws-2023-08", ["preemption-4node-aws-2023-08", "x"])
-    real = [_outcome(suite.GANG_4NODE, "preemption-4node-aws-2023-08", 10 * i,
+    real = [_outcome(cloud_scenarios.GANG_4NODE, "preemption-4node-aws-2023-08", 10 * i,
                      {"on_demand": 10.0, "uniform_progress": 8.0, "trainwise_heuristic": 6.0},
                      5.0, split) for i in range(4)]
     fake = [_outcome(MULTI_NODE, "synthetic: 4 x preemption-4node-aws-2023-08 shifted 1 d",
@@ -278,7 +279,7 @@ def test_synthetic_cells_are_never_pooled_with_real_ones_nor_headlined():
     payload = {
         "notes": "", "headline": rows, "policy_rows": prows, "sweep": [], "sweep_folder": "-",
         "settings": [{"name": s.name, "title": s.title, "synthetic": s.synthetic}
-                     for s in (suite.GANG_4NODE, MULTI_NODE)],
+                     for s in (cloud_scenarios.GANG_4NODE, MULTI_NODE)],
         "timing": {"suite_wall_s": 0.0, "full_trace_s": {}}, "oracle_violations": [],
     }
     markdown = report.render_markdown(payload, policies)

@@ -7,15 +7,9 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.cost import report
-from benchmarks.cost.protocol import LOCO, LTO
-from benchmarks.cost.suite import (
-    SETTINGS,
-    build_scenarios,
-    oracle_violations,
-    risk_model_for,
-    rules_for,
-    run_scenarios,
-)
+from benchmarks.cost.suite import oracle_violations, run_scenarios
+from cloud.scenario_protocol import LOCO, LTO
+from cloud.scenarios import SETTINGS, build_scenarios, risk_model_for, rules_for
 from cloud.traces import default_spot_dir
 
 pytestmark = [

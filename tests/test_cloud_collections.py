@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.cost import suite
+from cloud import scenarios
 from cloud.collections import MAX_COLLECTION_BYTES, CollectionError, read_collection
 from cloud.traces import (
     ALIGNED_AT_TICK_0,
@@ -67,8 +67,8 @@ def test_gcp_zone_names_and_prices_from_the_metadata(tmp_path):
     assert (b.on_demand_usd_per_hour, b.spot_usd_per_hour) == (3.67, 1.25)
     assert a.prices_from_collection and a.provider == "gcp"
     # Both zones are one market (one instance type); the suite prices them as stated.
-    assert list(suite.group_by_shape(list(loaded.traces))) == ["a2-highgpu-8g"]
-    assert suite.trace_prices(b) == (1.25, 3.67)
+    assert list(scenarios.group_by_shape(list(loaded.traces))) == ["a2-highgpu-8g"]
+    assert scenarios.trace_prices(b) == (1.25, 3.67)
 
 
 def test_azure_zone_names_derive_the_region(tmp_path):
@@ -236,7 +236,7 @@ def test_zones_are_aligned_by_their_real_start_time(tmp_path):
     assert untimed.alignment == ALIGNED_AT_TICK_0
     assert untimed.traces[0].available.tolist() == a
     # The cost suite's market then pairs the same instants.
-    market = suite.market_from_traces(list(loaded.traces), (1.0, 1.0), (3.0, 3.0))
+    market = scenarios.market_from_traces(list(loaded.traces), (1.0, 1.0), (3.0, 3.0))
     np.testing.assert_array_equal(market.spot_available, [[0, 0, 1, 0, 1], b])
 
 
@@ -256,7 +256,7 @@ def test_start_times_must_be_all_or_none_and_overlap(tmp_path):
 @pytest.fixture
 def spot_dir(tmp_path, monkeypatch):
     """The suite reads its folders from tmp_path."""
-    monkeypatch.setattr(suite, "load_folder", lambda folder: load_folder(folder, tmp_path))
+    monkeypatch.setattr(scenarios, "load_folder", lambda folder: load_folder(folder, tmp_path))
     return tmp_path
 
 
@@ -264,7 +264,7 @@ def test_the_suite_runs_a_recorded_16_node_market_as_recorded(spot_dir):
     # The old suite summed four shifted copies of this into a 64-node market, silently.
     _folder(spot_dir, SIXTEEN, {"a.json": [16, 12, 0, 16] * 300, "b.json": [3, 16, 16, 9] * 300},
             name="real-16node")
-    (group,) = suite.zone_groups(replace(suite.MULTI_NODE, folders=("real-16node",)))
+    (group,) = scenarios.zone_groups(replace(scenarios.MULTI_NODE, folders=("real-16node",)))
     assert group.label == "real-16node" and group.market.spot_available.max() == 16
     assert group.market.n_ticks == 1200
 
@@ -272,19 +272,19 @@ def test_the_suite_runs_a_recorded_16_node_market_as_recorded(spot_dir):
 def test_the_suite_refuses_a_gang_market_of_the_wrong_size(spot_dir):
     _folder(spot_dir, SIXTEEN.replace("= 16", "= 8"), {"a.json": [8], "b.json": [8]}, name="n8")
     with pytest.raises(ValueError, match=r"4 copies .* n8 records 8-node markets \(4 x 8 = 32"):
-        suite.zone_groups(replace(suite.MULTI_NODE, folders=("n8",)))
+        scenarios.zone_groups(replace(scenarios.MULTI_NODE, folders=("n8",)))
     with pytest.raises(ValueError, match="n8 records 8-node markets, .* 16-node gang"):
-        suite.zone_groups(replace(suite.MULTI_NODE, folders=("n8",), copies=1))
+        scenarios.zone_groups(replace(scenarios.MULTI_NODE, folders=("n8",), copies=1))
 
 
 @needs_data
 def test_the_suites_synthetic_market_is_labelled_synthetic():
-    groups = suite.zone_groups(suite.MULTI_NODE, max_zones=1)
+    groups = scenarios.zone_groups(scenarios.MULTI_NODE, max_zones=1)
     assert [g.label for g in groups] == [
         "synthetic: 4 x preemption-4node-aws-2023-08 shifted 1 d"]
-    assert "SYNTHETIC" in suite.MULTI_NODE.title
-    (scenario, *_) = suite.build_scenarios(
-        suite.MULTI_NODE, suite.rules_for(replace(suite.MULTI_NODE, stragglers=False)), 1,
+    assert "SYNTHETIC" in scenarios.MULTI_NODE.title
+    (scenario, *_) = scenarios.build_scenarios(
+        scenarios.MULTI_NODE, scenarios.rules_for(replace(scenarios.MULTI_NODE, stragglers=False)), 1,
         kinds=("single_zone",), max_zones=1)
     assert scenario.folder.startswith("synthetic: ")
     assert scenario.source_folder == "preemption-4node-aws-2023-08"

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import controllers.allocation_heuristic as heuristic
-from benchmarks.cost.suite import (
+from cloud.faults import FaultSampler, load_fault_trace
+from cloud.scenarios import (
     MULTI_NODE,
     SINGLE_NODE,
     build_scenarios,
@@ -21,7 +22,6 @@ from benchmarks.cost.suite import (
     risk_model_for,
     rules_for,
 )
-from cloud.faults import FaultSampler, load_fault_trace
 from cloud.simulator import simulate
 from cloud.traces import default_spot_dir
 from controllers.allocation_planner import (

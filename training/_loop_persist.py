@@ -12,6 +12,20 @@ most one snapshot in flight and checkpoints become durable in step order. Checkp
 call (final, preemption, stop, telemetry failure, ...) are persisted synchronously: the call
 returns only once they are durable.
 
+Work a kill loses (issue 31, class 7), with interval checkpoints every k steps: the steps since
+the newest *durable* checkpoint. While the save of step j is in flight training goes on, so the
+durable one is still the save of step j - k; the save of step j + k first waits for the save of
+step j. Hence a kill loses at most k + w steps, where w is the number of steps trained while the
+newest save was in flight, and w <= k: at most 2k steps in all (`max_lost_steps`), reached by a
+kill while the boundary j + k waits for the save of step j. "At most one interval" holds only for
+synchronous checkpoints (`async_checkpoints=False`). With a live-tuned interval, k is the larger
+of the last two intervals.
+
+Before each write the persister asks `training.run_lock.check_folder_of` whether the run folder
+is still the one this process locked; a folder removed or replaced meanwhile stops the run with
+`RunFolderReplacedError`, not with a "free disk space" message. A failed write's message follows
+its errno: only ENOSPC/EDQUOT say "free disk space".
+
 The writer of telemetry is not thread safe, so the persist thread writes no event: the training
 thread collects each finished persist (`poll` / `wait`) and records it.
 """
@@ -20,6 +34,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import errno
 import threading
 import time
 from collections.abc import Callable
@@ -30,7 +45,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from training import run_lock
 from training.checkpoint import checkpoint_name, manifest_path, prune_checkpoints, save_checkpoint
+
+_FULL_DISK = {errno.ENOSPC, errno.EDQUOT}
+
+
+def max_lost_steps(interval_steps: int, *, asynchronous: bool) -> int:
+    """The most steps a kill can lose with interval checkpoints every `interval_steps` (module
+    docstring): one interval plus the steps trained while one background save was in flight."""
+    if interval_steps < 1:
+        raise ValueError(f"interval_steps={interval_steps} must be >= 1")
+    return 2 * interval_steps if asynchronous else interval_steps
 
 
 @dataclass(frozen=True)
@@ -104,23 +130,47 @@ class CheckpointPersister:
         self.on_checkpoint = on_checkpoint
         self._thread: threading.Thread | None = None
         self._outcome: PersistResult | BaseException | None = None
+        self._in_flight_step: int | None = None
 
     @property
     def in_flight(self) -> bool:
         return self._thread is not None
 
+    @property
+    def in_flight_step(self) -> int | None:
+        """The step of the background save not collected yet (None when there is none)."""
+        return self._in_flight_step if self._thread is not None else None
+
+    def _fix(self, error: OSError) -> str:
+        """What to do about a failed write, by its errno: a wrong "free disk space" sends a
+        person after the wrong cause."""
+        resume = f"then resume (resume_from={self.directory})"
+        if error.errno in _FULL_DISK:
+            return f"Free disk space on the file system of {self.directory}, {resume}"
+        if error.errno == errno.ENOENT:
+            return (f"a file or folder under {self.directory} disappeared during the write: "
+                    "something else (a clean-up job, another process) is removing files in the "
+                    f"run folder. Stop it, {resume}")
+        if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return f"Make {self.directory} writable by this user, {resume}"
+        return f"Fix the cause above (the device, the file system), {resume}"
+
     def _persist(self, state: dict[str, Any], *, step: int, reason: str, elapsed_s: float,
                  blocking_s: float, snapshot_s: float, asynchronous: bool) -> PersistResult:
         began = time.perf_counter()
         path = self.directory / checkpoint_name(step)
+        # A folder removed or replaced since the lock was taken: writing would recreate it
+        # (mkdir parents) under nobody's lock, or fail with a misleading errno.
+        run_lock.check_folder_of(self.directory)
         try:
             sha256 = save_checkpoint(path, state)
         except OSError as error:
+            run_lock.check_folder_of(self.directory)  # the likelier cause of an ENOENT
             raise CheckpointWriteError(
                 error.errno,
                 f"checkpoint {path} (step {step}, {reason}) could not be written ({error}); the "
-                f"checkpoints already in {self.directory} are unchanged. Free disk space or fix "
-                f"the device, then resume (resume_from={self.directory})",
+                f"checkpoints already in {self.directory} are unchanged. "
+                f"{self._fix(error)}",
             ) from error
         info = CheckpointInfo(path=path, manifest_path=manifest_path(path), step=step,
                               sha256=sha256, reason=reason)
@@ -151,6 +201,7 @@ class CheckpointPersister:
 
         # Not a daemon: an interpreter that exits still finishes the write it started.
         self._thread = threading.Thread(target=run, name=f"checkpoint-persist-{step}")
+        self._in_flight_step = step
         self._thread.start()
 
     def persist_now(self, state: dict[str, Any], *, step: int, reason: str, elapsed_s: float,

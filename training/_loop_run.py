@@ -11,7 +11,16 @@ migrate (stop with the last good checkpoint, status "migrated") when it does not
 
 Telemetry that cannot be written (disk full) does not lose the training: the first failed write
 stops all further writes, the step boundary is finished as usual, a checkpoint is written
-(reason "telemetry_failed") and `TrainingStoppedError` says where and what to do.
+(reason "telemetry_failed") and `TrainingStoppedError` says where and what to do. Nor does it
+lose the rows (issue 31, class 5): every record refused from the first failure on (the failing
+step's step and eval rows, the checkpoint's, the run_end) goes into the run ledger as an
+`unwritten` line, and the resumed process writes them into telemetry first, once
+(`training.ledger.pending_telemetry`).
+
+The run ledger (`training.ledger`, issue 31 class 4) gets its lines here: `start` when the
+process begins, `step` before each step record (same clock), `mark` with each eval and
+preemption record, `checkpoint` when a checkpoint is durable (its step, clock and sha256: what a
+resume from it bills from), `end` with the run_end record; fsynced at each checkpoint and end.
 """
 
 from __future__ import annotations
@@ -32,9 +41,11 @@ from telemetry.events import (
     CheckpointEvent,
     DecisionEvent,
     EvalEvent,
+    Event,
     PreemptionEvent,
     RunEndEvent,
     StepEvent,
+    to_record,
 )
 from telemetry.reader import read_run_events
 from telemetry.writer import SegmentWriter, TelemetryWriteError
@@ -49,6 +60,7 @@ from training._loop_persist import (
 from training._loop_state import RunState, build_state
 from training._loop_step import evaluate, fixed_eval_batches, tokens_per_example, train_step
 from training.data_types import Curriculum, ExampleSet
+from training.ledger import LedgerWriter
 from training.live_control import LIVE_CONTROL_FILE
 from training.model import CNNConfig, GPTConfig
 from training.sampler import TrainSampler
@@ -91,9 +103,13 @@ class LoopRun:
     _checkpoint_error: OSError | None = None
     _last: dict[str, Any] | None = None  # the latest step's figures, for the fast policy
     rank: int = 0  # torchrun rank (training.distributed.DistributedLoopRun); 0 alone
+    ledger: LedgerWriter | None = None  # the run ledger (training.ledger); None: none kept
 
     def __post_init__(self) -> None:
         self._elapsed_before_s = self.run.elapsed_s
+        if self.ledger is not None:  # set-up is done: from here on the ledger has the clock
+            self._tick_clock()
+            self.ledger.commit("start", step=self.run.step, elapsed_s=self.run.elapsed_s)
         self.persister = CheckpointPersister(
             self.out_dir / "checkpoints", keep=self.config.keep_checkpoints,
             on_checkpoint=self.on_checkpoint,
@@ -122,15 +138,39 @@ class LoopRun:
         self.run.cost_usd = self.run.elapsed_s * self.config.price_usd_per_hour / 3600.0
 
     def write(self, event: Any) -> None:
-        """Writes one event; after a failed write, writes nothing more (the step boundary is
-        finished and checkpointed first, see the module docstring)."""
+        """Writes one event (its ledger line first); after a failed write, writes nothing more
+        to telemetry (the step boundary is finished and checkpointed first, see the module
+        docstring) and keeps each refused record in the ledger instead."""
         assert self.writer is not None
+        self._commit_clock(event)
         if self.telemetry_error is not None:
+            self._keep_unwritten(event)
             return
         try:
             self.writer.write(event)
         except TelemetryWriteError as error:
             self.telemetry_error = error
+            self._keep_unwritten(event)
+
+    def _commit_clock(self, event: Any) -> None:
+        """The ledger line of an event: the clock the resume of a killed process bills from."""
+        if self.ledger is None or not isinstance(event, Event):
+            return
+        if isinstance(event, StepEvent):
+            self.ledger.commit("step", step=event.step, elapsed_s=event.elapsed_s)
+        elif isinstance(event, RunEndEvent):
+            self.ledger.commit("end", step=self.run.step, elapsed_s=event.elapsed_s, sync=True)
+        elif isinstance(event, (EvalEvent, PreemptionEvent)):
+            # An eval may take long: its end moves the committed clock (a checkpoint's record
+            # has its own line, see `_record`).
+            self._tick_clock()
+            self.ledger.commit("mark", step=self.run.step, elapsed_s=self.run.elapsed_s)
+
+    def _keep_unwritten(self, event: Any) -> None:
+        if self.ledger is not None:
+            record = to_record(event) if isinstance(event, Event) else dict(event)
+            self.ledger.commit("unwritten", step=self.run.step, elapsed_s=self.run.elapsed_s,
+                               record=record)
 
     def _progress_steps(self) -> float:
         # The budget's clock: optimizer steps, or with dynamic pruning full-data-equivalent
@@ -589,6 +629,13 @@ class LoopRun:
         if self.live.tuner is not None and result.blocking_s > 0:
             # Young/Daly's C: the seconds the training stalled for this save (CheckFreq).
             self.live.tuner.observe_checkpoint_cost(result.blocking_s)
+        if self.ledger is not None:
+            # Which checkpoint, with which clock, became durable when: a resume from it bills
+            # from this line (training.ledger.committed_bill). fsync: it outlives a crash too.
+            self._tick_clock()
+            self.ledger.commit("checkpoint", step=self.run.step, elapsed_s=self.run.elapsed_s,
+                               sync=True, checkpoint_step=info.step,
+                               checkpoint_elapsed_s=result.elapsed_s, sha256=info.sha256)
         self.write(CheckpointEvent(
             run_id=self.run.run_id, rank=self.rank, step=info.step, path=str(info.path),
             sha256=info.sha256,

@@ -1,10 +1,17 @@
-"""What `training.loop` checkpoints and restores, and the checks on its inputs."""
+"""What `training.loop` checkpoints and restores, and the checks on its inputs.
+
+`RunState.lineage` is a random id drawn when a run starts fresh and restored on every resume:
+`training.checkpoint` writes it (with the run id, the step, the checkpoint it follows, the data
+and model fingerprints and the seed) into each checkpoint's signed manifest, so a checkpoint of
+another run, or of another history of this run id, is told apart from the run's own.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import random
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +53,8 @@ class RunState:
     rank_work_shares: list[float] = field(default_factory=list)
     # Levers the guard switched off in this run (lever -> reason): they stay off on resume.
     levers_off: dict[str, str] = field(default_factory=dict)
+    # Drawn at a fresh start, kept by resumes (module docstring); binds checkpoints to this run.
+    lineage: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 def default_model_config(examples: ExampleSet) -> GPTConfig | CNNConfig:

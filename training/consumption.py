@@ -22,6 +22,10 @@ its last checkpoint, which the resumed process redoes and records again.
 Resumes: a session that starts at step s supersedes every earlier record with step >= s (those
 steps were redone from the checkpoint), so `read_consumption` returns what the final model
 actually trained on. A torn last line (no newline) is skipped; a new session starts on a fresh line.
+
+The file has a predictable name, so it is opened with `training.safe_files.open_for_append`: a
+planted symbolic link, hard link or FIFO at that name is refused (UnsafeStatePathError) instead
+of appended through, and its folder must resolve inside the telemetry folder (issue 31, class 2).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from training.safe_files import ensure_inside, open_for_append
 
 CONSUMPTION_NAME = "consumption.jsonl"
 RECORD_TYPES = ("session", "epoch", "batch", "rate", "curriculum", "warning", "close")
@@ -52,16 +58,17 @@ class ConsumptionWriter:
         if flush_every < 1:
             raise ValueError(f"flush_every={flush_every} must be >= 1")
         self.path = Path(path)
+        # `<telemetry>/<run_id>/consumption.jsonl`: a link at `<run_id>` must not lead out.
+        ensure_inside(self.path.parent.parent, self.path.parent)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.flush_every = flush_every
         self._buffer: list[str] = []
-        self._handle = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        handle = open_for_append(self.path)
+        self._handle = os.fdopen(handle, "ab")  # closed in close()
         # A process killed mid-line left a torn fragment: start this session on a fresh line.
-        if self._handle.tell() > 0:
-            with open(self.path, "rb") as reader:
-                reader.seek(-1, os.SEEK_END)
-                if reader.read(1) != b"\n":
-                    self._handle.write(b"\n")
+        size = os.fstat(handle).st_size
+        if size > 0 and os.pread(handle, 1, size - 1) != b"\n":
+            self._handle.write(b"\n")
         self.write({"type": "session", "step": start_step, "start_step": start_step,
                     "pid": os.getpid(), "wall_time_s": time.time(), **session_fields})
 

@@ -54,6 +54,7 @@ from training import distributed
 from training.checkpoint import latest_good_checkpoint
 from training.loop import TrainConfig, train
 from training.model import CNNConfig, GPTConfig
+from training.safe_files import write_atomic
 
 
 class FixedSharesPolicy:
@@ -209,7 +210,9 @@ def main(argv: Sequence[str]) -> int:
     rank = ctx.rank if ctx else 0
     if spec.get("result_dir"):
         Path(spec["result_dir"]).mkdir(parents=True, exist_ok=True)
-        (Path(spec["result_dir"]) / f"rank{rank}.pid").write_text(str(os.getpid()))
+        # Predictable names: written via an unpredictable temp name, so a planted link there
+        # is replaced, not written through (issue 31, class 2).
+        write_atomic(Path(spec["result_dir"]) / f"rank{rank}.pid", str(os.getpid()).encode())
     module, _, function = spec["examples"].partition(":")
     examples = getattr(importlib.import_module(module), function)(
         **spec.get("examples_kwargs", {})
@@ -248,7 +251,7 @@ def main(argv: Sequence[str]) -> int:
     if spec.get("result_dir"):
         out = Path(spec["result_dir"])
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"rank{rank}.json").write_text(json.dumps(record, indent=1))
+        write_atomic(out / f"rank{rank}.json", json.dumps(record, indent=1).encode("utf-8"))
     if ctx is not None:
         import torch.distributed as dist
 

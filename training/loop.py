@@ -24,9 +24,13 @@ checkpoints are snapshotted in memory and written in the background (`training._
 Around the loop: one trainer per `out_dir` (`training.run_lock`); temp files of writers that were
 killed are removed at start; `resume_from` may be a checkpoint or the checkpoint folder (the
 newest checkpoint that passes its check; the ones skipped are warned about and recorded). A
-resume bills from the newest elapsed time the run's telemetry recorded, not from the checkpoint's:
-the seconds a killed process worked past its checkpoint were paid for (`RunStartEvent.lost_s`),
-and the steps it recorded past it are replayed (`replay_from_step`..`replay_to_step`).
+resume bills from the newest elapsed time the run's ledger committed (`training.ledger`: the
+trainer's own chained, optionally keyed record of its clock), not from the checkpoint's: the
+seconds a killed process worked past its checkpoint were paid for (`RunStartEvent.lost_s`), and
+the steps it committed past it are replayed (`replay_from_step`..`replay_to_step`). Telemetry is
+only cross-checked: a figure there beyond the ledger is warned about and recorded
+(`billing_warnings`), never billed. Telemetry records a full disk refused are kept in the ledger
+and written first when the run resumes.
 
 Statuses: "completed" (max_steps reached), "preempted" (SIGTERM), "stopped" (`stop_after_steps`
 reached), "migrated" (the fast policy answered MIGRATE, or the measured save did not fit in the
@@ -56,10 +60,25 @@ from training._loop_config import TrainConfig, get_lr
 from training._loop_persist import CheckpointInfo, CheckpointWriteError
 from training._loop_run import LoopRun, Status, TrainingStoppedError
 from training._loop_state import RunState, check_examples_fit, default_model_config, restore_state
-from training.checkpoint import clean_orphaned_temp_files, latest_good_checkpoint, load_checkpoint
+from training.checkpoint import (
+    RunIdentity,
+    clean_orphaned_temp_files,
+    fork_problem,
+    load_checkpoint,
+    read_checksum,
+    scan_checkpoints,
+)
 from training.consumption import consumption_path
 from training.data_types import Curriculum, ExampleSet
 from training.dynamic_pruning import DynamicPruningConfig
+from training.ledger import (
+    LedgerRead,
+    LedgerWriter,
+    committed_bill,
+    ledger_path,
+    pending_telemetry,
+    read_ledger,
+)
 from training.model import (
     MODEL_KIND_FOR_DATA,
     CNNConfig,
@@ -109,14 +128,23 @@ class _Resume:
 
 
 def _load_resume(
-    resume_from: Path, fingerprint: str, model_config: dict[str, Any]
+    resume_from: Path, fingerprint: str, model_config: dict[str, Any], *,
+    run_id: str | None = None, data_fingerprint: str | None = None, seed: int | None = None,
 ) -> _Resume:
-    """Loads `resume_from`: a checkpoint file, or a folder's newest checkpoint that passes."""
+    """Loads `resume_from`: a checkpoint file, or a folder's newest checkpoint that passes.
+
+    Both are checked for origin (issue 31: the deployment's HMAC, the label, and that it is this
+    run's: `run_id` when the config names one, data, model config, seed; `training.checkpoint`).
+    A file the caller chose is refused on a mismatch (CheckpointError naming the file); in a
+    folder a mismatching, hostile or forked checkpoint is skipped with its reason, the resume
+    falls back to the previous good one, warns and records what it skipped."""
+    identity = RunIdentity(run_id=run_id or None, data_fingerprint=data_fingerprint,
+                           model_fingerprint=fingerprint, seed=seed)
     skipped: list[dict[str, str]] = []
     path = resume_from
     if resume_from.is_dir():
-        good = latest_good_checkpoint(resume_from)
-        skipped = [{"path": str(p), "reason": why} for p, why in (good.skipped if good else [])]
+        good, tried_files = scan_checkpoints(resume_from, identity=identity)
+        skipped = [{"path": str(p), "reason": why} for p, why in tried_files]
         if good is None:
             tried = "; ".join(f"{s['path']}: {s['reason']}" for s in skipped) or "none found"
             raise FileNotFoundError(
@@ -131,9 +159,25 @@ def _load_resume(
                 RuntimeWarning, stacklevel=3,
             )
         path = good.path
+    else:
+        fork = fork_problem(path)  # a folder resume skips a fork; a file the caller chose: warn
+        if fork:
+            warnings.warn(f"resuming {path}, which the caller chose, although {fork}",
+                          RuntimeWarning, stacklevel=3)
+    # The model config is checked after the load (its message shows both configs); the rest of
+    # the identity before it, from the signed manifest.
     state = load_checkpoint(
-        path, expected_model_fingerprint=fingerprint, expected_model_config=model_config
+        path, expected_model_fingerprint=fingerprint, expected_model_config=model_config,
+        identity=dataclasses.replace(identity, model_fingerprint=None),
     )
+    if identity.run_id is None:
+        warnings.warn(
+            f"resuming {path}, a checkpoint of run {state.get('run_id')!r}, with a config that "
+            "names no run_id: whose checkpoint it is cannot be checked (only that this "
+            "deployment wrote it, for this data, model and seed). Set TrainConfig.run_id to the "
+            "run's id to have a checkpoint of another run refused",
+            RuntimeWarning, stacklevel=3,
+        )
     return _Resume(state=state, path=path, skipped=skipped)
 
 
@@ -142,32 +186,78 @@ class _Billing:
     replay_from_step: int | None = None
     replay_to_step: int | None = None
     lost_s: float | None = None
+    warnings: tuple[str, ...] = ()  # what the bill ignored (RunStartEvent.billing_warnings)
 
 
-def _bill_killed_work(run: RunState, telemetry_run_dir: Path) -> _Billing:
-    """Moves a resumed run's clock to the newest elapsed time its telemetry recorded.
+def _telemetry_beyond_ledger(
+    telemetry_run_dir: Path, billed_elapsed_s: float, committed_step: int
+) -> list[str]:
+    """The cross-check: telemetry figures past what the ledger commits, one sentence each.
 
-    A process killed after its checkpoint worked (and was paid) past it; the checkpoint's clock
-    does not know. The steps it recorded past the checkpoint are done again: replay.
-    """
+    They are reported, never billed: telemetry is a folder anyone can add a sealed segment to."""
     try:
         recorded = latest_recorded(telemetry_run_dir) if telemetry_run_dir.is_dir() else None
-    except ValueError as error:  # malformed telemetry must not stop the resume itself
-        warnings.warn(
-            f"cannot read the telemetry of {telemetry_run_dir} ({error}); the resumed run bills "
-            "from the checkpoint's clock, so time a killed process worked after it is not "
-            "billed. Fix or move the file named above to bill it",
-            RuntimeWarning, stacklevel=3,
-        )
-        recorded = None
+    except (ValueError, OSError) as error:  # malformed telemetry must not stop the resume
+        return [f"cannot read the telemetry of {telemetry_run_dir} ({error}); it was not "
+                "cross-checked against the run ledger (the bill does not depend on it)"]
     if recorded is None:
-        return _Billing()
-    recorded_step, recorded_elapsed_s = recorded
-    lost_s = max(0.0, recorded_elapsed_s - run.elapsed_s)
-    run.elapsed_s += lost_s
-    if recorded_step > run.step:
-        return _Billing(replay_from_step=run.step, replay_to_step=recorded_step, lost_s=lost_s)
-    return _Billing(lost_s=lost_s)
+        return []
+    step, elapsed_s = recorded
+    said = []
+    if elapsed_s > billed_elapsed_s + 1e-6:
+        said.append(f"telemetry of {telemetry_run_dir} records {elapsed_s:.3f} s, "
+                    f"{elapsed_s - billed_elapsed_s:.3f} s past the {billed_elapsed_s:.3f} s the "
+                    "run ledger commits: not billed (a segment there was planted or edited, or "
+                    "the ledger lost lines: see its own warning)")
+    if step > committed_step:
+        said.append(f"telemetry of {telemetry_run_dir} records step {step}, past step "
+                    f"{committed_step}, the newest the run ledger commits: not counted as replay")
+    return said
+
+
+def _bill_killed_work(run: RunState, ledger: LedgerRead, telemetry_run_dir: Path,
+                      checkpoint_sha256: str | None = None) -> _Billing:
+    """Moves a resumed run's clock to the newest time the run's ledger committed past its
+    checkpoint (issue 31, class 4; `training.ledger`).
+
+    A process killed after its checkpoint worked (and was paid) past it; the checkpoint's clock
+    does not know, the ledger the trainer wrote does. The steps it committed past the checkpoint
+    are done again: replay. Telemetry is only cross-checked: what it records beyond the ledger
+    is warned about and recorded, never billed."""
+    bill = committed_bill(ledger, state_step=run.step, state_elapsed_s=run.elapsed_s,
+                          checkpoint_sha256=checkpoint_sha256)
+    said = list(bill.warnings)
+    said += _telemetry_beyond_ledger(telemetry_run_dir, bill.billed_elapsed_s,
+                                     max(run.step, bill.newest_step or 0))
+    for sentence in said:
+        warnings.warn(f"resume bill: {sentence}", RuntimeWarning, stacklevel=3)
+    if bill.lost_s is None:
+        return _Billing(warnings=tuple(said))
+    run.elapsed_s = bill.billed_elapsed_s
+    if bill.replay_to_step is not None:
+        return _Billing(replay_from_step=run.step, replay_to_step=bill.replay_to_step,
+                        lost_s=bill.lost_s, warnings=tuple(said))
+    return _Billing(lost_s=bill.lost_s, warnings=tuple(said))
+
+
+def _checksum_or_none(path: Path) -> str | None:
+    """The resumed checkpoint's sha256 from its manifest (it was verified when loaded)."""
+    try:
+        return read_checksum(path)
+    except (ValueError, OSError, KeyError):
+        return None
+
+
+def _share_billing(billing: _Billing, run: RunState, ctx: distributed.DistContext | None,
+                   ) -> _Billing:
+    """Under torchrun rank 0 bills (from its ledger, the one its checkpoints hold the clock of)
+    and every other rank takes its answer, so the gang goes on from one clock."""
+    if ctx is None:
+        return billing
+    shared = distributed.broadcast_object(billing, ctx)
+    if ctx.rank != 0 and shared.lost_s is not None:
+        run.elapsed_s += shared.lost_s
+    return shared
 
 
 def train(
@@ -253,7 +343,9 @@ def _train_locked(
     fingerprint = model_fingerprint(model_kind, model_config)
     resume = None
     if resume_from is not None:
-        resume = _load_resume(Path(resume_from), fingerprint, config_dict(model_config))
+        resume = _load_resume(Path(resume_from), fingerprint, config_dict(model_config),
+                              run_id=config.run_id, data_fingerprint=examples.fingerprint,
+                              seed=config.seed)
     state = resume.state if resume else None
     run_id = config.run_id or (state["run_id"] if state else "")
     run_id = run_id or f"{model_kind}-{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -264,6 +356,7 @@ def _train_locked(
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(config.num_threads)
     sampler: TrainSampler | None = None
+    ledger: LedgerWriter | None = None
     try:
         torch.manual_seed(config.seed)
         model = build_model(model_kind, model_config)
@@ -288,19 +381,26 @@ def _train_locked(
             grad_accum_steps=config.grad_accum_steps,
         )
         billing = _Billing()
+        rank = ctx.rank if ctx else 0
+        # The run ledger (training.ledger): read before this process appends to it.
+        committed = read_ledger(ledger_path(out_dir, run_id, rank), run_id=run_id, rank=rank)
         if resume is not None:
             run = restore_state(
                 resume.state, examples=examples, model=model, optimizer=optimizer,
                 sampler=sampler, source=str(resume.path),
-                rank=ctx.rank if ctx else 0, world_size=ctx.world_size if ctx else 1,
+                rank=rank, world_size=ctx.world_size if ctx else 1,
             )
             run.run_id = run_id
-            billing = _bill_killed_work(run, telemetry_root / run_id)
+            if rank == 0:
+                billing = _bill_killed_work(run, committed, telemetry_root / run_id,
+                                            _checksum_or_none(resume.path))
+            billing = _share_billing(billing, run, ctx)
+        ledger = LedgerWriter(out_dir, run_id, rank=rank, head=committed.head)
         parts: dict[str, Any] = dict(
             config=config, examples=examples, curriculum=curriculum, out_dir=out_dir,
             model_kind=model_kind, model_config=model_config, model=model, optimizer=optimizer,
             sampler=sampler, run=run, policy=fast_policy or NoOpFastPolicy(), started=started,
-            on_checkpoint=on_checkpoint,
+            on_checkpoint=on_checkpoint, ledger=ledger,
         )
         if ctx is None:
             loop = LoopRun(**parts)
@@ -314,6 +414,9 @@ def _train_locked(
             rank=ctx.rank if ctx else 0,
         ) as writer:
             loop.writer = writer
+            # Records a full telemetry disk refused before (issue 31, class 5) go first, once.
+            for record in pending_telemetry(committed, telemetry_root / run_id):
+                loop.write(record)
             loop.write(RunStartEvent(
                 run_id=run_id, rank=loop.rank, step=run.step, model_kind=model_kind,
                 model_config=config_dict(model_config), model_fingerprint=fingerprint,
@@ -324,6 +427,7 @@ def _train_locked(
                 previous_curriculum_version=state["curriculum_version"] if state else None,
                 replay_from_step=billing.replay_from_step, replay_to_step=billing.replay_to_step,
                 lost_s=billing.lost_s, skipped_checkpoints=resume.skipped if resume else [],
+                billing_warnings=list(billing.warnings),
             ))
             try:
                 status = loop.execute(progress=progress, stop_after_steps=stop_after_steps)
@@ -338,6 +442,8 @@ def _train_locked(
         torch.set_num_threads(previous_threads)
         if sampler is not None:
             sampler.close()  # flushes the consumption record, also when the run failed
+        if ledger is not None:
+            ledger.close()  # writes what a refusing disk held back, if it takes it now
     assert loop.checkpoint_path is not None and loop.checkpoint_sha256 is not None
     return TrainResult(
         status=status, run_id=run_id, steps=run.step, final_eval_loss=run.last_eval_loss,

@@ -15,6 +15,7 @@ its heuristic for that decision (`rl.fast_path.Learned*Policy`).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 CHAMPION_FILE = "champion.npz"
@@ -25,11 +26,14 @@ def _in_charge(kind: str, region: str, heuristic: Any, wrap: Any) -> tuple[Any, 
 
     path = policy_dir(kind, region) / CHAMPION_FILE
     name = getattr(heuristic, "name", type(heuristic).__name__)
-    if not path.is_file():
+    # Absent, not "not a file": a FIFO, a device link or a folder put there is refused by
+    # load_policy with its reason, so the record says what was found.
+    if not os.path.lexists(path):
         return heuristic, f"no {kind} champion for {region} ({path} absent): {name} in charge"
     try:
         policy = wrap(path)
-    # PolicyFileError is a ValueError; a malformed header can also surface as KeyError/TypeError.
+    # load_policy raises only PolicyFileError (a ValueError) for whatever the file holds; the
+    # learned wrappers raise ValueError for a layout they were not built for.
     except (ValueError, KeyError, TypeError, OSError) as error:
         return heuristic, f"{kind} champion for {region} refused ({error}); {name} stays in charge"
     accepted, registry_note = _registry_check(kind, region, path)

@@ -2,16 +2,34 @@
 
 Heavy imports (dagster, torch, mlflow) happen inside the subcommand that needs them, so
 `trainwise --help` and `trainwise explain` start fast.
+
+SIGTERM (issue 31, class 8) stops every subcommand the way Ctrl-C does, with one line saying so
+and exit code 143, also while it is still importing; where a subcommand installs its own
+handler (the training loop's preemption notice, `trainwise ui`'s shutdown), that one answers
+while it is installed.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
+from types import FrameType
 
 from trainwise import settings
+
+EXIT_SIGTERM = 128 + signal.SIGTERM
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached the CLI outside any handler of its own: unwinds like Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Terminated
 
 
 def _prepare_environment() -> Path:
@@ -38,7 +56,13 @@ def _check_demo_args(args: argparse.Namespace) -> None:
         validate_partition(args.partition)  # unknown or path-like: lists the valid names
     if args.steps < 1:
         raise ValueError(f"--steps {args.steps}: training needs at least 1 step")
-    settings.check_all()
+    settings.check_all()  # TRAINWISE_DEMO_PARTITION's form among the others
+    chosen = settings.demo_partition()
+    if chosen and not args.partition:
+        try:  # a well-formed name that is no partition: refused now, naming the setting
+            validate_partition(chosen)
+        except ValueError as error:
+            raise settings.SettingError(f"TRAINWISE_DEMO_PARTITION: {error}") from None
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -125,12 +149,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # First thing: the imports below take seconds, and a SIGTERM there ended the process
+    # without a word. Python lets only the main thread install a handler.
+    previous = (signal.signal(signal.SIGTERM, _on_sigterm)
+                if threading.current_thread() is threading.main_thread() else None)
+    try:
+        return _main(argv)
+    except Terminated:
+        print("trainwise: stopped by SIGTERM (exit 143); a training run in progress keeps its "
+              "last checkpoint and resumes from it", file=sys.stderr)
+        return EXIT_SIGTERM
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     from trainwise.preflight import PreflightError
     from trainwise.runs import RunFailedError
 
     try:
         return int(args.func(args) or 0)
+    except Terminated:
+        raise
     except KeyboardInterrupt:
         return 130
     except (ValueError, FileNotFoundError, KeyError, PreflightError) as error:

@@ -22,6 +22,17 @@ the measured save fits in the notice, migrate otherwise). The champion lookup of
 "preemption_risk" (a probability, default 0.0) reaches the fast policy's observation the way the
 loop takes a risk: a live-control file (`training.live_control`, source "emulated_job") in the
 run folder, read at the first fast tick.
+
+SIGTERM outside the loop (issue 31, class 8): `training.loop` answers SIGTERM only while its
+step loop runs. `main` installs a handler first thing (`SigtermOutsideTheLoop`), so a notice
+that comes while the process starts (imports, loading the shards) ends it at once with a line on
+stderr saying nothing was trained (exit 143, no result file); one that comes inside `train()`
+before the loop's own handler is up is passed on to that handler as soon as it is; one that
+comes after the loop ended lets the result be written and then says so. Every stop by a notice
+ends with one line on stderr starting "trainwise.emulated_worker:".
+
+The result file is written through a temp file with an unpredictable name
+(`training.safe_files.write_atomic`): a fixed `.result.json.tmp` could be a planted link.
 """
 
 from __future__ import annotations
@@ -30,7 +41,9 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 REQUIRED_KEYS = ("shards_dir", "run_dir", "result_path", "resume_from", "train_config")
@@ -39,16 +52,78 @@ RISK_KEY = "preemption_risk"
 RESUME_FROM_STORE = "store"
 # Seconds the worker waits for its uploads before exiting (a local store takes milliseconds).
 UPLOAD_DRAIN_S = 30.0
+EXIT_SIGTERM = 128 + signal.SIGTERM  # the shell's code for "ended by SIGTERM"
+EXIT_FOLDER_IN_USE = 3  # another trainer holds the run folder (no traceback: the message says it)
+_PREFIX = "trainwise.emulated_worker:"
+_FORWARD_POLL_S = 0.005  # how often a notice waiting for the loop's handler looks for it
+
+
+class StoppedBeforeTraining(BaseException):
+    """SIGTERM while the process started, before `train()` was called (a BaseException, so no
+    `except Exception` on the way swallows it)."""
+
+
+class SigtermOutsideTheLoop:
+    """The worker's SIGTERM handler for the times the loop's own handler is not installed.
+
+    Phases: "starting" (stop at once), "training" (inside `train()`: pass the notice on to the
+    loop's handler once it is up), "finishing" (`train()` returned: let the result be written).
+    `received_in` is the phase of the first notice, None when none came.
+    """
+
+    def __init__(self) -> None:
+        self.phase = "starting"
+        self.received_in: str | None = None
+        self._train_returned = threading.Event()
+        self._handler = self._handle  # one bound method, so getsignal() can be compared by `is`
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handler)
+
+    def entering_train(self) -> None:
+        self.phase = "training"
+
+    def train_returned(self) -> None:
+        self.phase = "finishing"
+        self._train_returned.set()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        first = self.received_in is None
+        if first:
+            self.received_in = self.phase
+        if self.phase == "starting":
+            raise StoppedBeforeTraining
+        if self.phase == "training" and first:
+            threading.Thread(target=self._forward, name="sigterm-forward", daemon=True).start()
+
+    def _forward(self) -> None:
+        """Inside `train()` before its loop installed its handler: send the notice again once it
+        has (the loop then checkpoints and stops as usual). A loop that already ended never
+        installs it again: `train()` returns and this thread ends."""
+        while not self._train_returned.wait(_FORWARD_POLL_S):
+            if signal.getsignal(signal.SIGTERM) is not self._handler:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
 
 
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """tmp file in the same folder, fsync, rename: a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=1)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    """Unpredictable temp file in the same folder, fsync, rename: a reader never sees half a
+    file, and a planted link at a temp name cannot redirect the write."""
+    from training.safe_files import write_atomic
+
+    write_atomic(Path(path), json.dumps(payload, indent=1).encode("utf-8"))
+
+
+def notice_message(record: dict[str, Any], guard: SigtermOutsideTheLoop | None) -> str | None:
+    """The line a stop by SIGTERM ends with (None: no notice, nothing to say)."""
+    where = (f"status {record['status']} at step {record['steps']}, checkpoint "
+             f"{record['checkpoint_path']}")
+    if record["status"] == "preempted":
+        return f"{_PREFIX} stopped by SIGTERM: {where}; run the job again to resume from it"
+    if guard is not None and guard.received_in in ("training", "finishing"):
+        return (f"{_PREFIX} SIGTERM received after the training loop had ended ({where}); "
+                "nothing was lost and the result is written")
+    return None
 
 
 def job_fast_policy(job: dict[str, Any], config: Any = None, examples: Any = None) -> Any:
@@ -97,8 +172,9 @@ def feed_preemption_risk(run_dir: Path, risk: float, live_control_path: str = ""
                        reason=f"preemption risk {risk:.3f} given by the emulated job")
 
 
-def run_job(job: dict[str, Any]) -> dict[str, Any]:
-    """Trains as the job says; returns the result record (also written to `result_path`)."""
+def run_job(job: dict[str, Any], guard: SigtermOutsideTheLoop | None = None) -> dict[str, Any]:
+    """Trains as the job says; returns the result record (also written to `result_path`).
+    `guard`: the SIGTERM handler `main` installed, told when `train()` starts and returns."""
     missing = [k for k in REQUIRED_KEYS if k not in job]
     if missing:
         raise ValueError(f"emulated worker job lacks {missing}; it needs {list(REQUIRED_KEYS)}")
@@ -129,11 +205,15 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             restored_step = point.step if point is not None else None
     elif resume_from == RESUME_FROM_STORE:
         raise ValueError("job resumes from the store but names no store_dir")
+    if guard is not None:
+        guard.entering_train()
     try:
         result = loop.train(config, examples, None, Path(job["run_dir"]), resume_from=resume_from,
                             on_checkpoint=uploader.submit if uploader else None,
                             fast_policy=policy)
     finally:
+        if guard is not None:
+            guard.train_returned()
         report = uploader.drain(UPLOAD_DRAIN_S) if uploader else None
     record = {
         "pid": os.getpid(),
@@ -160,10 +240,28 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m trainwise.emulated_worker JOB.json", file=sys.stderr)
         return 2
-    job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
-    if job.get("block_sigterm"):
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    run_job(job)
+    guard = SigtermOutsideTheLoop()
+    guard.install()  # first: the imports in run_job take seconds
+    try:
+        job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+        if job.get("block_sigterm"):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        record = run_job(job, guard)
+    except RuntimeError as error:
+        from training.run_lock import RunFolderLockedError
+
+        if not isinstance(error, RunFolderLockedError):
+            raise
+        print(f"{_PREFIX} {error}", file=sys.stderr)  # the message says whom and what to do
+        return EXIT_FOLDER_IN_USE
+    except StoppedBeforeTraining:
+        print(f"{_PREFIX} SIGTERM received while starting (before training began): nothing was "
+              "trained by this process and no result is written; run the job again to "
+              "continue the run", file=sys.stderr)
+        return EXIT_SIGTERM
+    message = notice_message(record, guard)
+    if message:
+        print(message, file=sys.stderr)
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -159,6 +160,25 @@ def budget_usd() -> float:
     return get_float("TRAINWISE_BUDGET_USD", 0.0)
 
 
+# A partition names a folder (shards/<partition>, curricula/<partition>): one plain path part.
+# fullmatch: `$` would let "mnist\n" through.
+_PARTITION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+def demo_partition() -> str:
+    """TRAINWISE_DEMO_PARTITION: '' (the demo chooses) or a plain name: letters, digits, '_'
+    and '-', no path separators or dots, so `../../etc` is refused here with the other settings
+    rather than later by Dagster with a traceback. Whether the name is a known partition is
+    checked by `training.shards.validate_partition` (this module imports nothing of ours)."""
+    raw = get("TRAINWISE_DEMO_PARTITION")
+    if raw and not _PARTITION_NAME.fullmatch(raw):
+        raise SettingError(
+            f"TRAINWISE_DEMO_PARTITION={raw!r} is not a partition name (letters, digits, '_' "
+            "or '-'; no path separators or dots); set it to a partition such as "
+            "tinyshakespeare, pystdlib or mnist, or unset it for the default")
+    return raw
+
+
 def home_dir() -> Path:
     """The state folder (created on first use); everything trainwise writes lives under it.
 
@@ -238,7 +258,7 @@ def check_all() -> None:
     SettingError listing each bad one."""
     problems = []
     for check in (home_dir, pruning_rate, torch_threads, min_forecast_savings_usd,
-                  max_eval_loss_regression, budget_usd, postgres_url):
+                  max_eval_loss_regression, budget_usd, postgres_url, demo_partition):
         try:
             check()
         except SettingError as error:

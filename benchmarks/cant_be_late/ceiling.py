@@ -28,11 +28,11 @@ import numpy as np
 
 from benchmarks.cant_be_late import scenario as S
 from benchmarks.cant_be_late import trainwise as T
-from benchmarks.cost.protocol import at_window_start
 from benchmarks.cost.stats import block_bootstrap, independent_windows, time_blocks
 from benchmarks.results_io import write_suite_results
 from cloud.policy_registry import make_policy
 from cloud.risk_fit import AvailabilityHistory, fit_risk_model
+from cloud.scenario_protocol import at_window_start
 from cloud.simulator import simulate
 from controllers.preemption_risk import PreemptionRiskModel
 

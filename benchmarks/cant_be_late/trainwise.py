@@ -8,11 +8,11 @@ built exactly as `run.py` builds them (`scenario.rules()`, `scenario.JOB`, the z
 the exact optimum of the same windows are read from the reference (`scenario.load_reference`),
 not recomputed: `run.py` shows the project reproduces them to the reference's rounding.
 
-What trainwise gets, with the cost suite's own code (`benchmarks/cost/protocol.py`): per
+What trainwise gets, with the cost suite's own code (`cloud/scenario_protocol.py`): per
 collection, a risk model fitted leave-one-collection-out (`loco_split`, `fit_for_split`: the
 OTHER collections of the spot data folder only, the held-out one's zone names with zero ticks),
 and per window that model with the runs in progress at the window's start (`at_window_start` on
-the collection's market at the window's offset), as `suite.risk_model_for` combines them.
+the collection's market at the window's offset), as `cloud.scenarios.risk_model_for` combines them.
 The heuristic's own constants are NOT refitted: they were chosen on the cost suite, which holds
 these collections (under other rules), so only the risk model is out of sample.
 
@@ -33,11 +33,11 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.cant_be_late import scenario as S
-from benchmarks.cost import suite
-from benchmarks.cost.protocol import FitSplit, at_window_start, fit_for_split, loco_split
 from benchmarks.cost.stats import block_bootstrap, independent_windows, robustness, time_blocks
 from benchmarks.results_io import write_suite_results
 from cloud.policy_registry import make_policy
+from cloud.scenario_protocol import FitSplit, at_window_start, fit_for_split, loco_split
+from cloud.scenarios import all_collections, cached_folder_histories
 from cloud.simulator import Market, simulate
 from controllers.preemption_risk import PreemptionRiskModel
 
@@ -75,8 +75,8 @@ def collection_model(folder: str) -> tuple[FitSplit, PreemptionRiskModel]:
     """The leave-one-collection-out split of `folder` and the risk model fitted on it, once per
     process (the cost suite's `risk_model_for`, on this setting's all-zone market)."""
     if folder not in _MODELS:
-        split = loco_split(folder, suite.all_collections())
-        model = fit_for_split(split, _markets(folder)["*"], folder, suite._folder_histories)
+        split = loco_split(folder, all_collections())
+        model = fit_for_split(split, _markets(folder)["*"], folder, cached_folder_histories)
         _MODELS[folder] = (split, model)
     return _MODELS[folder]
 
@@ -235,7 +235,7 @@ def markdown(summary: list[dict], models: dict, stride: int, quick: bool, elapse
         "reference's own figures for the same windows (`../shared/data/peers/cant-be-late/`).",
         "",
         "Protocol (out of sample, leave-one-collection-out, the cost suite's "
-        "`benchmarks/cost/protocol.py`): each collection's windows are run with a risk model "
+        "`cloud/scenario_protocol.py`): each collection's windows are run with a risk model "
         "fitted on the other collections of the spot data folder only; each window gets the "
         "runs in progress at its start (`at_window_start`). " + CAVEAT,
         "",

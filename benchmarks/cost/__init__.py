@@ -1,8 +1,8 @@
 """`python -m benchmarks.cost` (or `trainwise bench cost`): the cost suite.
 
 Every allocation policy and the hindsight oracle on the same windows of the real spot traces;
-writes `benchmarks/results/cost.md`, `cost.json` and `cost_vs_slack.png`. See `suite.py` for the
-settings and scenarios, `report.py` for the figures.
+writes `benchmarks/results/cost.md`, `cost.json` and `cost_vs_slack.png`. See `cloud/scenarios.py`
+for the settings and scenarios, `suite.py` for the run, `report.py` for the figures.
 """
 
 from __future__ import annotations

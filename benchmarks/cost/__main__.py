@@ -10,29 +10,31 @@ from pathlib import Path
 
 from benchmarks.cost import report
 from benchmarks.cost.learned import LEARNED, QUICK_BUDGET, SUITE_BUDGET, LearnedPolicies
-from benchmarks.cost.protocol import LOCO, LTO, LTO_FIT_SHARE, PROTOCOLS
 from benchmarks.cost.stats import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED
 from benchmarks.cost.suite import (
-    SHORT_WINDOWS_FACTOR,
-    SINGLE_NODE,
-    build_scenarios,
     default_policies,
-    discovered_settings,
     oracle_violations,
     progress_bar,
-    rules_for,
     run_scenarios,
-    short_settings,
     time_full_trace,
 )
 from benchmarks.results_io import provenance, write_results
 from cloud.policy_registry import policy_names
+from cloud.scenario_protocol import LOCO, LTO, LTO_FIT_SHARE, PROTOCOLS
+from cloud.scenarios import (
+    SHORT_WINDOWS_FACTOR,
+    SINGLE_NODE,
+    build_scenarios,
+    discovered_settings,
+    rules_for,
+    short_settings,
+)
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results"
 SWEEP_FOLDER = "availability-1node-aws-2023-02"
 SWEEP_DEADLINES_H = (50.0, 52.0, 56.0, 60.0, 66.0, 72.0)
 
-NOTES = """Only out-of-sample figures are headlines. Two protocols (`benchmarks/cost/protocol.py`),
+NOTES = """Only out-of-sample figures are headlines. Two protocols (`cloud/scenario_protocol.py`),
 reported apart: leave-one-collection-out (a window of collection C is scored with a risk model
 fitted on the other collections of the spot data folder; not one tick of C reaches the fit) and
 leave-time-out (each collection's market is cut at half its length: the fit reads only the ticks
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         learned = LearnedPolicies(budget, args.learned_dir)
         factories = {LEARNED: learned.policy}
 
-    # Every collection in the spot data folder is scored (suite.settings_for): a collection a
+    # Every collection in the spot data folder is scored (cloud.scenarios.settings_for): a collection a
     # user adds with its collection.toml gets cells of its own, not only a place in the priors.
     settings = discovered_settings()
     single = next((s for s in settings if s.name == SINGLE_NODE.name), None)

@@ -4,7 +4,7 @@ risk model. `python -m benchmarks.cost.bound [--settings ...] [--kinds ...] [--w
 
 For each cell of the cost suite in settings `single_node` and `gang_4node` (the real 4-node gang),
 kinds single-zone and multi-zone (each protocol, collection and instance type), take the risk
-model that cell's windows get (`suite.risk_model_for`), sample synthetic markets from THAT model
+model that cell's windows get (`cloud.scenarios.risk_model_for`), sample synthetic markets from THAT model
 (`cloud/synthetic_market.py`: the cell's zones, tick and prices, a gang's zones at the gang's
 level, several seeds, a burn-in discarded), cut windows of the cell's length back to back, and
 run the suite's own machinery (`suite.run_scenarios`) on the cell's job and rules:
@@ -32,24 +32,21 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.cost.protocol import LOCO, LTO, at_window_start
 from benchmarks.cost.stats import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, block_bootstrap, robustness
-from benchmarks.cost.suite import (
+from benchmarks.cost.suite import ScenarioOutcome, oracle_violations, progress_bar, run_scenarios
+from benchmarks.results_io import provenance, write_results
+from cloud.policy_registry import make_policy
+from cloud.scenario_protocol import LOCO, LTO, at_window_start
+from cloud.scenarios import (
     GANG_4NODE,
     SINGLE_NODE,
     Scenario,
-    ScenarioOutcome,
     Setting,
     build_scenarios,
     discovered_settings,
-    oracle_violations,
-    progress_bar,
     risk_model_for,
     rules_for,
-    run_scenarios,
 )
-from benchmarks.results_io import provenance, write_results
-from cloud.policy_registry import make_policy
 from cloud.synthetic_market import synthetic_market
 from controllers.allocation_heuristic import TrainwiseAllocationConfig
 from controllers.preemption_risk import PreemptionRiskModel
@@ -109,7 +106,7 @@ def suite_cells(protocols: Iterable[str], settings: Iterable[str] = tuple(SETTIN
     zones of one instance type), with their risk model (fitted on what the cell's split allows;
     the real run at the cutoff is replaced per synthetic window)."""
     cells = []
-    # The folders of every collection in the spot data folder (suite.discovered_settings), so a
+    # The folders of every collection in the spot data folder (cloud.scenarios.discovered_settings), so a
     # collection a user adds is in the model world too; a setting with none is skipped.
     found = {s.name: s for s in discovered_settings()}
     for name in settings:
@@ -318,7 +315,7 @@ NOTES = """What this is. For each cell of the cost suite (`benchmarks/cost`) in 
 (1 node, 48 h of work, 52 h deadline) and gang_4node (4 x p3.2xlarge as one synchronous gang, 160
 GPU-h, 52 h deadline, stragglers and node faults as in the suite), kinds single-zone and
 multi-zone, with the suite's rules and prices, the risk model that cell's windows are scored with
-(`suite.risk_model_for`: fitted only on what the cell's protocol allows) is taken as the TRUTH:
+(`cloud.scenarios.risk_model_for`: fitted only on what the cell's protocol allows) is taken as the TRUTH:
 spot markets are sampled from it (`cloud/synthetic_market.py`: alternating up/down runs, per-tick
 end probability 1 - S(age, tick) with its age-dependent hazard and time-of-day factor; the cell's
 zones, tick and prices; a {burn_in_d:g}-day burn-in discarded; windows of the cell's length back to

@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cost.protocol import LOCO, LTO, FitSplit, lto_split, lto_split_tick
-from benchmarks.cost.suite import (
+from cloud.scenario_protocol import LOCO, LTO, FitSplit, lto_split, lto_split_tick
+from cloud.scenarios import (
     SINGLE_NODE,
     Scenario,
     all_collections,

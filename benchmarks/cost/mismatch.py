@@ -30,10 +30,11 @@ from typing import Any
 import numpy as np
 
 from benchmarks.cost import bound as B
-from benchmarks.cost.protocol import LOCO, at_window_start
 from benchmarks.cost.stats import block_bootstrap, robustness
-from benchmarks.cost.suite import SINGLE_NODE, Scenario, progress_bar, run_scenarios
+from benchmarks.cost.suite import progress_bar, run_scenarios
 from benchmarks.results_io import write_suite_results
+from cloud.scenario_protocol import LOCO, at_window_start
+from cloud.scenarios import SINGLE_NODE, Scenario
 from controllers.allocation_heuristic import TrainwiseAllocationConfig, TrainwiseAllocationPolicy
 from controllers.preemption_risk import UP, PreemptionRiskModel, scaled_curve
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.cost.protocol import LOCO, LTO
 from benchmarks.cost.stats import block_bootstrap, independent_windows, robustness, time_blocks
 from benchmarks.cost.suite import ScenarioOutcome
 from benchmarks.results_io import current_umask
+from cloud.scenario_protocol import LOCO, LTO
 
 ORACLE = "oracle"
 TRAINWISE = "trainwise_heuristic"

@@ -39,17 +39,12 @@ from benchmarks.cost.bound import (
     suite_cells,
     write_with_footer,
 )
-from benchmarks.cost.protocol import LOCO, LTO, at_window_start
 from benchmarks.cost.stats import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, block_bootstrap
-from benchmarks.cost.suite import (
-    SINGLE_NODE,
-    ScenarioOutcome,
-    oracle_violations,
-    progress_bar,
-    run_scenarios,
-)
+from benchmarks.cost.suite import ScenarioOutcome, oracle_violations, progress_bar, run_scenarios
 from benchmarks.cost.two_zone_plan import TwoZonePlanPolicy
 from cloud.policy_registry import make_policy
+from cloud.scenario_protocol import LOCO, LTO, at_window_start
+from cloud.scenarios import SINGLE_NODE
 
 ON_DEMAND, BASELINE, HEURISTIC = "on_demand", "uniform_progress", "trainwise_heuristic"
 PLAN_DAY, PLAN_HOUR = "two_zone_plan_day_averaged", "two_zone_plan_hour_of_day"

@@ -105,6 +105,9 @@ def checkpoint_cases(work_dir: Path, donor: harness.Run | None, suite=None) -> l
     # 3. Planted as the newest checkpoint of a real, interrupted run; the trainer resumes it.
     if donor is not None and suite is not None:
         run = suite.new_run("hostile-planted")
+        # The same run id as the donor: a resume under another run id is refused as foreign
+        # (training.checkpoint binds a checkpoint to its run), which is not what this case tests.
+        run.config["run_id"] = donor.run_id
         shutil.copytree(donor.checkpoints, run.checkpoints)
         marker = folder / "executed-planted"
         newest = max(int(p.stem.split("-")[1]) for p in harness.committed_checkpoints(

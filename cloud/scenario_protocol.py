@@ -1,4 +1,4 @@
-"""Out-of-sample protocols of the cost suite: what a fitted policy may learn from, per window.
+"""Out-of-sample protocols of the scenarios: what a fitted policy may learn from, per window.
 
 Two splits, each reported on its own (issue 9):
 
