@@ -10,12 +10,18 @@ event, so their format and size are the trainer's.
 Each repeat runs in a fresh (spawned) process, so its peak RSS is its own: it ingests the run
 into a new DuckDB file with `telemetry.store.ingest`, then ingests it again (idempotent: must
 add no rows) and counts the stored rows. Wall (perf_counter) and CPU time (process_time: every
-thread, DuckDB's included) are measured around each call; the first repeat also times reading
-and parsing the files alone (`store._rows`), which splits ingestion into files and database.
-Medians over repeats. The seed's author cites 200K events/s; the report says whether it is met.
+thread, DuckDB's included) are measured around each call; the first repeat also times reading,
+checking and decoding the files alone (`store.decoded_batches`), which splits ingestion into
+files and database. Medians over repeats.
 
-    python -m benchmarks.ingestion            # 200K events, 3 repeats (~1.5 min idle, 2 cores)
-    python -m benchmarks.ingestion --full     # 1M events, 5 repeats (~10 min idle, ~3 GiB RSS)
+Goal (issue 29): at least GOAL_CPU_EVENTS_PER_S events per CPU-second (the 200K events/s the
+seed's author cites, per CPU-second: other processes on a shared machine stretch wall time,
+not CPU time) with a peak RSS of at most GOAL_PEAK_RSS_MIB, for 1M events (`--full`). The
+report's verdict line says whether both are met; the process exits 1 only when the ingest is
+not idempotent (a wrong result, not a slow one).
+
+    python -m benchmarks.ingestion            # 200K events, 3 repeats (~1 min idle, 2 cores)
+    python -m benchmarks.ingestion --full     # 1M events, 5 repeats (~4 min idle)
 
 Writes benchmarks/results/ingestion.json and .md (through `benchmarks.results_io`).
 """
@@ -41,7 +47,9 @@ from telemetry.writer import SegmentWriter
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 NAME = "ingestion"
 RUN_ID = "bench-ingest"
-TARGET_EVENTS_PER_S = 200_000  # the figure the seed's author cites
+GOAL_CPU_EVENTS_PER_S = 200_000  # the figure the seed's author cites, per CPU-second
+GOAL_PEAK_RSS_MIB = 300.0  # peak RSS of the whole ingesting process (issue 29)
+GOAL_EVENTS = 1_000_000  # the goal holds for `--full`
 EVAL_EVERY, DECIDE_EVERY, CHECKPOINT_EVERY, REPLAYED_STEPS = 50, 10, 100, 20
 START_WALL_S = 1.7e9
 
@@ -172,9 +180,10 @@ def measure_once(run_dir: str, db_path: str, split_phases: bool) -> dict[str, An
         "baseline_rss_mib": baseline_rss, "ingest_peak_rss_mib": ingest_rss,
         "peak_rss_mib": _peak_rss_mib(),
     }
-    if split_phases:  # reading, checking and parsing the files, without the database
+    if split_phases:  # reading, checking and decoding the files, without the database
         wall, cpu = time.perf_counter(), time.process_time()
-        store._rows(Path(run_dir))
+        for _ in store.decoded_batches(run_dir):
+            pass
         result["files_only_s"] = time.perf_counter() - wall
         result["files_only_cpu_s"] = time.process_time() - cpu
     return result
@@ -207,6 +216,8 @@ def run(total_events: int, repeats: int, ranks: int, argv: list[str]) -> dict[st
 
     ingest_wall_s, reingest_wall_s = median("ingest_wall_s"), median("reingest_wall_s")
     events_per_s = n / ingest_wall_s
+    cpu_events_per_s = n / median("ingest_cpu_s")
+    peak_rss_mib = max(r["peak_rss_mib"] for r in repeats_out)
     files_s, files_cpu_s = repeats_out[0]["files_only_s"], repeats_out[0]["files_only_cpu_s"]
     return {
         "meta": provenance([Path(sys.executable).name, "-m", "benchmarks.ingestion", *argv]),
@@ -217,7 +228,8 @@ def run(total_events: int, repeats: int, ranks: int, argv: list[str]) -> dict[st
         "write": {"wall_s": written["write_s"], "events_per_s": written["write_events_per_s"]},
         "ingest": {
             "wall_s": ingest_wall_s, "cpu_s": median("ingest_cpu_s"),
-            "events_per_s": events_per_s, "cpu_events_per_s": n / median("ingest_cpu_s"),
+            "events_per_s": events_per_s, "cpu_events_per_s": cpu_events_per_s,
+            "cpu_s_each": [r["ingest_cpu_s"] for r in repeats_out],
             "mib_per_s": written["bytes"] / 2**20 / ingest_wall_s,
             "wall_s_each": [r["ingest_wall_s"] for r in repeats_out],
             "files_only_s": files_s, "files_only_cpu_s": files_cpu_s,
@@ -227,6 +239,7 @@ def run(total_events: int, repeats: int, ranks: int, argv: list[str]) -> dict[st
         "reingest": {
             "wall_s": reingest_wall_s, "cpu_s": median("reingest_cpu_s"),
             "events_per_s": n / reingest_wall_s,
+            "cpu_events_per_s": n / max(median("reingest_cpu_s"), 1e-9),
             "share_of_ingest": reingest_wall_s / ingest_wall_s,
             "rows_added": max(r["reingest_rows_added"] for r in repeats_out),
             "wall_s_each": [r["reingest_wall_s"] for r in repeats_out],
@@ -236,9 +249,13 @@ def run(total_events: int, repeats: int, ranks: int, argv: list[str]) -> dict[st
         "replay_rows": min(r["replay_rows"] for r in repeats_out),
         "memory": {"baseline_rss_mib": median("baseline_rss_mib"),
                    "ingest_peak_rss_mib": median("ingest_peak_rss_mib"),
-                   "peak_rss_mib": max(r["peak_rss_mib"] for r in repeats_out)},
-        "target_events_per_s": TARGET_EVENTS_PER_S,
-        "meets_target": events_per_s >= TARGET_EVENTS_PER_S,
+                   "peak_rss_mib": peak_rss_mib},
+        "goal": {"cpu_events_per_s": GOAL_CPU_EVENTS_PER_S, "peak_rss_mib": GOAL_PEAK_RSS_MIB,
+                 "events": GOAL_EVENTS},
+        "meets_cpu_goal": cpu_events_per_s >= GOAL_CPU_EVENTS_PER_S,
+        "meets_memory_goal": peak_rss_mib <= GOAL_PEAK_RSS_MIB,
+        "meets_goal": (n >= GOAL_EVENTS and cpu_events_per_s >= GOAL_CPU_EVENTS_PER_S
+                       and peak_rss_mib <= GOAL_PEAK_RSS_MIB),
         # Other processes on the machine slow wall time, not CPU time: say how busy it was.
         "load_average_1m": {"before": load_before, "after": os.getloadavg()[0]},
     }
@@ -247,21 +264,22 @@ def run(total_events: int, repeats: int, ranks: int, argv: list[str]) -> dict[st
 def to_markdown(result: dict[str, Any]) -> str:
     m = result["meta"]["machine"]
     ing, re_, mem = result["ingest"], result["reingest"], result["memory"]
-    verdict = (
-        f"**Met**: {ing['events_per_s']:,.0f} events/s >= the cited "
-        f"{result['target_events_per_s']:,} events/s."
-        if result["meets_target"] else
-        f"**Not met**: {ing['events_per_s']:,.0f} events/s is "
-        f"{result['target_events_per_s'] / ing['events_per_s']:.1f}x short of the cited "
-        f"{result['target_events_per_s']:,} events/s, and per CPU second "
-        f"({ing['cpu_events_per_s']:,.0f} events/s, what an otherwise idle core gives) it is "
-        f"{result['target_events_per_s'] / ing['cpu_events_per_s']:.1f}x short. "
-        f"Reading, checking and parsing the files in "
-        f"Python (one JSON parse and one validation per line with the standard library's C "
-        f"decoder, one canonical JSON encoding per segment to check the stored text) takes "
-        f"{ing['files_share']:.0%} of the ingest's CPU time; the DuckDB insert and replay marking "
-        "the rest."
-    )
+    goal = result["goal"]
+    measured = (f"{ing['cpu_events_per_s']:,.0f} events per CPU-second (goal "
+                f"{goal['cpu_events_per_s']:,}: {'met' if result['meets_cpu_goal'] else 'not met'})"
+                f", peak RSS {mem['peak_rss_mib']:.0f} MiB (goal at most "
+                f"{goal['peak_rss_mib']:.0f}: {'met' if result['meets_memory_goal'] else 'not met'})")
+    if result["meets_goal"]:
+        verdict = f"**Goal met** for {result['events']:,} events: {measured}."
+    elif result["events"] < goal["events"]:
+        verdict = (f"**Goal not judged** (it is set for {goal['events']:,} events, `--full`; this "
+                   f"run has {result['events']:,}): {measured}.")
+    else:
+        verdict = f"**Goal not met** for {result['events']:,} events: {measured}."
+    verdict += (f" Wall clock: {ing['events_per_s']:,.0f} events/s. Reading, checking and "
+                f"decoding the files (marker sha256, one msgspec decode per sealed segment, its "
+                f"line texts as one Arrow array) takes {ing['files_share']:.0%} of the ingest's "
+                "CPU time; the DuckDB insert (zstd) and replay marking the rest.")
     lines = [
         "# Telemetry ingestion throughput",
         "",
@@ -285,11 +303,12 @@ def to_markdown(result: dict[str, Any]) -> str:
         f"{re_['events_per_s']:,.0f} | {result['events'] / max(re_['cpu_s'], 1e-9):,.0f} | "
         f"{re_['rows_added']:,} |",
         "",
-        f"- Files only (read, marker check, parse, canonical payload; no database): "
+        f"- Files only (read, marker check, decode, Arrow columns; no database): "
         f"{ing['files_only_s']:.2f} s wall, {ing['files_only_cpu_s']:.2f} s CPU, "
         f"{ing['files_share']:.0%} of the first repeat's ingest CPU time.",
         f"- Re-ingestion costs {re_['share_of_ingest']:.0%} of a first ingestion: a stored sealed "
         "segment is checked against its marker (sha256) and only its first line parsed.",
+        f"- Ingest CPU s per repeat: {', '.join(f'{s:.2f}' for s in ing['cpu_s_each'])}.",
         f"- Rows stored: {result['rows_stored']:,} ({result['replay_rows']:,} marked as replays).",
         f"- Peak RSS: {mem['ingest_peak_rss_mib']:.0f} MiB after the ingest, "
         f"{mem['peak_rss_mib']:.0f} MiB at most (process baseline after imports "

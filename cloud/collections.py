@@ -113,9 +113,10 @@ class CollectionMeta:
         return all(f.start_time_s is not None for f in self.files.values())
 
 
-_AWS_ZONE = re.compile(r"^(?P<region>[a-z]{2}(-gov)?-[a-z]+-\d+)[a-z]$")
-_GCP_ZONE = re.compile(r"^(?P<region>[a-z]+-[a-z]+\d+)-[a-z]$")
-_AZURE_ZONE = re.compile(r"^(?P<region>[a-z]+\d*)-\d$")
+# `\Z`, not `$`: `$` also matches before a final newline ("us-east-1a\n" would pass).
+_AWS_ZONE = re.compile(r"^(?P<region>[a-z]{2}(-gov)?-[a-z]+-\d+)[a-z]\Z")
+_GCP_ZONE = re.compile(r"^(?P<region>[a-z]+-[a-z]+\d+)-[a-z]\Z")
+_AZURE_ZONE = re.compile(r"^(?P<region>[a-z]+\d*)-\d\Z")
 ZONE_PATTERNS = {"aws": _AWS_ZONE, "gcp": _GCP_ZONE, "azure": _AZURE_ZONE}
 
 

@@ -24,7 +24,9 @@ from trainwise.runs import RunFailedError, RunSummary
 
 
 def default_partition() -> str:
-    chosen = settings.get("TRAINWISE_DEMO_PARTITION")
+    # Through the setting's own reader, which refuses a path-like name (`../x`, "mnist\n")
+    # with a message naming the variable, before it names a folder.
+    chosen = settings.demo_partition()
     if chosen:
         return chosen
     corpus = settings.data_dir() / "corpora" / "tinyshakespeare.txt"

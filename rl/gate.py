@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -39,6 +38,7 @@ from cloud.scenarios import Scenario
 from cloud.simulator import simulate
 from controllers.allocation_types import AllocationPolicy
 from rl import registry
+from rl._files import append_line, write_atomic
 from rl.cells import cell_label
 from rl.fast_obs import FAST_OBS_LAYOUT
 from rl.policy_file import PolicyFileError, load_policy, read_header
@@ -141,7 +141,8 @@ def decide(candidate: list[dict], incumbent: list[dict], margin: float = DEFAULT
 def record_decision(decision: GateDecision, path: str | Path, extra: dict | None = None) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**decision.to_dict(), **(extra or {})}, indent=2, default=str))
+    write_atomic(path, json.dumps({**decision.to_dict(), **(extra or {})}, indent=2,
+                                  default=str).encode("utf-8"))
     return path
 
 
@@ -167,8 +168,7 @@ def append_history(kind: str, region: str, record: dict) -> dict:
         timespec="seconds"), "kind": kind, "region": region, **record}
     folder = policy_dir(kind, region)
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / HISTORY_NAME, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+    append_line(folder / HISTORY_NAME, json.dumps(record, sort_keys=True, default=str) + "\n")
     return record
 
 
@@ -221,7 +221,7 @@ def propose_rollback(kind: str, region: str, restore_version: int, *, reason: st
                 "proposed_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
     path = proposal_path(region)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(proposal, indent=2))
+    write_atomic(path, json.dumps(proposal, indent=2).encode("utf-8"))
     append_history(kind, region, {"event": "rollback_proposed", **base})
     return proposal
 
@@ -265,9 +265,9 @@ def verify_rollback(proposal: dict) -> tuple[bool, str]:
 
 
 def _copy_atomically(source: Path, target: Path) -> None:
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(source.read_bytes())
-    os.replace(tmp, target)
+    # An unpredictable temp name: a fixed `.champion.npz.<pid>.tmp` could be a planted link,
+    # written through (issue 31, class 2).
+    write_atomic(target, source.read_bytes())
 
 
 def publish_rollback(region: str, approved_by: str) -> dict | None:

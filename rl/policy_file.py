@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rl._files import write_atomic
 from rl.slow_obs import layout_sha256
 
 FORMAT = "trainwise-policy/1"
@@ -55,7 +56,8 @@ MAX_HEADER_DEPTH = 32  # the header nests 2 levels; `figures` is free-form, so s
 MAX_MEMBERS = 2 * 64 + 3  # header, wa, ba and (w, b) per hidden layer
 MAX_HIDDEN_LAYERS = 64
 MAX_NVEC = 64  # action components
-_MEMBER = re.compile(r"^(header|w\d{1,2}|b\d{1,2}|wa|ba)\.npy$")
+# `\Z`, not `$`: `$` also matches before a final newline ("wa.npy\n" would pass).
+_MEMBER = re.compile(r"^(header|w\d{1,2}|b\d{1,2}|wa|ba)\.npy\Z")
 _JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
 
 
@@ -135,7 +137,7 @@ def save_policy(weights: PolicyWeights, path: str | Path) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     np.savez(buffer, header=blob, **arrays)
-    path.write_bytes(buffer.getvalue())
+    write_atomic(path, buffer.getvalue())  # a planted link is replaced, never written through
     return header
 
 

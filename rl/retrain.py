@@ -13,7 +13,6 @@ to the heuristic (return None) when there is no champion or its file is refused.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from controllers.fast_heuristic import HeuristicFastPolicy
+from rl._files import write_atomic
 from rl.cells import heuristic_for, make_split
 from rl.fast_obs import FAST_OBS_LAYOUT
 from rl.fast_path import LearnedAllocationPolicy, NumpyPolicy
@@ -161,7 +161,8 @@ def apply_gate(kind: str, region: str) -> dict:
     layout = SLOW_OBS_LAYOUT if kind == "slow" else FAST_OBS_LAYOUT
     if decision["promote"]:
         load_policy(folder / f"v{version}.npz", kind, layout, region)  # refuses a bad file
-        shutil.copyfile(folder / f"v{version}.npz", folder / "champion.npz")
+        # Not shutil.copyfile: it opens the target following a link planted at its name.
+        write_atomic(folder / "champion.npz", (folder / f"v{version}.npz").read_bytes())
     champion = (load_champion_slow if kind == "slow" else load_champion_fast)(region)
     decision["champion_version"] = None if champion is None else champion.weights.version
     decision["candidate_version"] = version

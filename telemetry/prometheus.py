@@ -48,8 +48,9 @@ from telemetry.events import share_changes
 
 log = logging.getLogger(__name__)
 
-_SEGMENT_PATTERN = re.compile(r"^segment-(\d{5})\.jsonl$")  # as telemetry.writer writes them
-_RANK_PATTERN = re.compile(r"^rank(\d+)$")
+# `\Z`, not `$`: `$` also matches before a final newline ("rank0\n" would pass).
+_SEGMENT_PATTERN = re.compile(r"^segment-(\d{5})\.jsonl\Z")  # as telemetry.writer writes them
+_RANK_PATTERN = re.compile(r"^rank(\d+)\Z")
 _FINISHED_STATUSES = frozenset({"completed", "failed"})
 _LABELS = ("run_id", "partition")
 

@@ -37,7 +37,8 @@ from typing import Any
 
 from telemetry.writer import SEGMENT_PATTERN, marker_path
 
-_RANK_PATTERN = re.compile(r"^rank(\d+)$")
+# `\Z`, not `$`: `$` also matches before a final newline ("rank0\n" would pass).
+_RANK_PATTERN = re.compile(r"^rank(\d+)\Z")
 _MAX_BIGINT = 2**63 - 1  # DuckDB's BIGINT, the `step` column of the store
 _FIX = ("move the file (and its .complete marker) out of the run folder, or restore it from a "
         "copy, then re-ingest the run (telemetry.store.ingest)")

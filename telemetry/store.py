@@ -10,8 +10,8 @@ line of a segment never changes once written (segments are append-only, sealed o
 against their marker) and it carries the writer's wall-clock time to the microsecond, so:
 re-ingesting the same files (or an open segment as it grows) yields the same keys and stores
 nothing new, while another run's segment 0 has another key and keeps its rows. A content key
-needs no change to the file format, and old files get keys too. The primary key is
-(run_id, rank, segment, segment_key, line_no).
+needs no change to the file format, and old files get keys too. A row is identified by
+(run_id, rank, segment, segment_key, line_no); see "Idempotence without a key".
 
 Run instance and replays. `run_instance` is the `segment_key` of the first non-empty segment of
 the rank: the same for every process that wrote into one run folder (a resumed process appends
@@ -23,11 +23,26 @@ recomputed in SQL for every touched (run, instance, rank) after each insert, so 
 incremental and idempotent even when files arrive out of order.
 
 Re-ingestion. A sealed segment whose lines the store already holds (same key, same count) is
-checked against its marker and not parsed again (`_segment_lines`): re-ingesting a run costs
+checked against its marker and not decoded again (`_new_lines`): re-ingesting a run costs
 reading and hashing its files, not parsing them (benchmarks/ingestion.py measures both).
-A first ingestion parses and validates every line with the standard library's C decoder (one
-decoder for all lines) and checks the stored texts with one encoding per segment
-(`canonical_payloads`); those two C calls are most of its time, the DuckDB insert the rest.
+
+First ingestion (issue 29). A sealed segment whose first line is canonical is decoded by
+`telemetry.ingest_fast`: one msgspec call for its lines (strictly typed: it accepts nothing the
+reader refuses), its text handed to DuckDB as the stored payloads without a copy per line, and
+no line is parsed in Python. Open segments, and any sealed one the fast path refuses, take the strict path
+(`_strict_columns`: the reader's checks line by line, canonical text stored), so a malformed
+line is still refused by file and number. Rows go to DuckDB in batches of BATCH_LINES, all in
+one transaction: memory holds a batch, not the run, and a malformed line anywhere stores
+nothing.
+
+Idempotence without a key (issue 29). The table of the first schemas had a primary key on
+(run_id, rank, segment, segment_key, line_no), and ingestion relied on `INSERT OR IGNORE`. Its
+index cost a third of the ingest's CPU, so a table created now has none: ingestion itself
+stores exactly the lines a segment lacks. Lines stored of a segment are always a prefix (every
+ingest stores whole bodies), so their count says which are new; it is read again inside the
+write transaction, under DuckDB's one-writer lock (and `_write_lock` within a process), and the
+files are decoded again if another ingest got there first. A table with the old key keeps it
+(and the same inserts never conflict with it).
 
 Locks. DuckDB admits one read-write process per file (and dbt needs that lock), so connections
 are short-lived, the query helpers open the file `read_only=True`, and both wait on a held lock
@@ -38,7 +53,6 @@ naming the file and the holder's pid and program.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import itertools
 import json
@@ -64,7 +78,6 @@ from telemetry.ingest_fast import (
     payload_array,
     rows_table,
     sealed_columns,
-    split_sealed,
     string_array,
 )
 from telemetry.reader import Segment, list_segments, parse_line, parse_text, segment_body
@@ -91,31 +104,40 @@ _COLUMNS = ("run_id", "run_instance", "rank", "segment", "segment_key", "line_no
             "step", "wall_time_s", "payload")
 # Replays of touched (run, instance, rank) groups, recomputed from scratch: idempotent. Only rows
 # whose (type, step) key occurs twice in its group can be replays, or be flagged and stop being
-# one, so the window runs over those (and over flagged rows): one hash aggregate finds them, a
-# sort of the whole group is not needed. A hash collision only adds a row whose window then says
-# "first", which is what it is.
+# one, so the window runs over those (and over flagged rows): one hash aggregate finds their
+# keys first, and the update goes by rowid (measured: 40% less CPU than sorting every row of the
+# groups and joining back on the five key columns). A hash collision only adds a row whose
+# window then says "first", which is what it is.
 _REPLAY_CANDIDATES = f"""
     event_type IN {REPLAYABLE_EVENT_TYPES}
     AND (run_id, run_instance, rank) IN (SELECT * FROM touched_groups)
 """
-_MARK_REPLAYS = f"""
-UPDATE {TABLE} AS t SET is_replay = r.replay
-FROM (
-    SELECT run_id, rank, segment, segment_key, line_no,
-           row_number() OVER (
-               PARTITION BY run_id, run_instance, rank, event_type, step
-               ORDER BY segment, line_no) > 1 AS replay
-    FROM {TABLE}
-    WHERE {_REPLAY_CANDIDATES}
-      AND (is_replay OR hash(run_id, run_instance, rank, event_type, step) IN (
-          SELECT hash(run_id, run_instance, rank, event_type, step) FROM {TABLE}
-          WHERE {_REPLAY_CANDIDATES} GROUP BY 1 HAVING count(*) > 1))
-) AS r
-WHERE t.run_id = r.run_id AND t.rank = r.rank AND t.segment = r.segment
-  AND t.segment_key = r.segment_key AND t.line_no = r.line_no
-  AND t.is_replay IS DISTINCT FROM r.replay
-"""
-BATCH_LINES = 32_768  # rows per INSERT: memory holds one batch (~16 MiB of text), not the run
+_REPLAY_KEY = "hash(run_id, run_instance, rank, event_type, step)"
+_MARK_REPLAYS = (
+    f"""CREATE OR REPLACE TEMP TABLE replay_keys AS
+        SELECT {_REPLAY_KEY} AS key FROM {TABLE} WHERE {_REPLAY_CANDIDATES}
+        GROUP BY 1 HAVING count(*) > 1""",
+    f"""UPDATE {TABLE} AS t SET is_replay = r.replay
+        FROM (
+            SELECT rowid AS row_id, is_replay AS was,
+                   row_number() OVER (
+                       PARTITION BY run_id, run_instance, rank, event_type, step
+                       ORDER BY segment, line_no) > 1 AS replay
+            FROM {TABLE}
+            WHERE {_REPLAY_CANDIDATES}
+              AND (is_replay OR {_REPLAY_KEY} IN (SELECT key FROM replay_keys))
+        ) AS r
+        WHERE t.rowid = r.row_id AND r.replay IS DISTINCT FROM r.was""",
+)
+
+
+def _mark_replays(con: duckdb.DuckDBPyConnection) -> None:
+    """Recomputes `is_replay` for the groups in the temp table `touched_groups`."""
+    for statement in _MARK_REPLAYS:
+        con.execute(statement)
+
+
+BATCH_LINES = 16_384  # rows per INSERT: memory holds one batch (~8 MiB of text), not the run
 DUCKDB_MEMORY_LIMIT = "128MB"  # DuckDB's own buffers during an ingest (it spills past this)
 DUCKDB_THREADS = 1
 _DUCKDB_MAGIC = b"DUCK"  # bytes 8..12 of every DuckDB database file
@@ -257,7 +279,8 @@ def _strict_columns(segment: Segment, body: bytes, first: dict[str, Any],
 
     Taken by open segments (no seal vouches for their text) and by any sealed segment the fast
     path refused (`ingest_fast.sealed_columns`), so a malformed line is refused by number, and a
-    valid but unusual one (non-ASCII text, a hand-written spacing) is stored canonical.
+    valid but unusual one (non-ASCII text; any hand-edited line of an open segment) is stored
+    as its canonical text.
     """
     raw_lines = body[:-1].split(b"\n")
     try:  # one decode for the body; "\n" is one byte in UTF-8 and never inside a character
@@ -283,34 +306,29 @@ def _strict_columns(segment: Segment, body: bytes, first: dict[str, Any],
     )
 
 
-@dataclass(frozen=True)
-class _Source:
-    """What the strict path needs to decode a segment again (see `decoded_batches`)."""
-
-    segment: Segment
-    body: bytes
-    first: dict[str, Any]
-
-
 def _newlines(body: bytes) -> int:
     return len(body) - len(body.replace(b"\n", b""))  # memchr speed; bytes.count is 9x slower
 
 
-def _new_lines(run_dir: Path, stored: StoredLines) -> Iterator[tuple[SegmentRows, _Source]]:
+def _new_lines(run_dir: Path, stored: StoredLines,
+               torn: list[tuple[str, int]]) -> Iterator[SegmentRows]:
     """The lines of each segment of a run that the store lacks, segment by segment, in order.
 
     Every segment is read and checked (a sealed one against its marker: bytes, lines, sha256)
     and its first line parsed for its key. A sealed segment whose every line is stored already
     is not decoded further: its lines are what the store holds (same key, same count, and a
     sealed segment never changes). Otherwise a sealed segment whose first line is canonical
-    takes the fast path (`ingest_fast.sealed_columns`; its payload is split later, a batch at a
-    time), and any other segment the strict one (`_strict_columns`). Raises
-    `TelemetryFormatError` naming the file and line as `telemetry.reader` does.
+    takes the fast path (`ingest_fast.sealed_columns`), and any other segment, or one the fast
+    path refuses, the strict one (`_strict_columns`). Raises
+    `TelemetryFormatError` naming the file and line as `telemetry.reader` does. Appends
+    (segment, bytes) to `torn` for each sealed segment that declares a torn line.
     """
     run_id = run_dir.name
     instance_of_rank: dict[int, str] = {}
     for segment in list_segments(run_dir):
-        body, _ = segment_body(segment, segment.path.read_bytes())
+        body, torn_bytes = segment_body(segment, segment.path.read_bytes())
+        if torn_bytes and segment.complete:  # a killed writer's half line: lost for good
+            torn.append((str(segment.path), torn_bytes))
         if not body:
             continue
         first_text = body[: body.index(b"\n")]
@@ -327,9 +345,8 @@ def _new_lines(run_dir: Path, stored: StoredLines) -> Iterator[tuple[SegmentRows
         if columns is None:
             columns = _strict_columns(segment, body, first, run_id)
         if done < lines:  # stored lines are always a prefix: an ingest stores a whole body
-            yield (SegmentRows(segment.rank, segment.index, key, instance,
-                               columns.tail(done) if done else columns),
-                   _Source(segment, body, first))
+            yield SegmentRows(segment.rank, segment.index, key, instance,
+                              columns.tail(done) if done else columns)
 
 
 @dataclass(frozen=True)
@@ -338,56 +355,62 @@ class Batch:
     groups: frozenset[tuple[str, str, int]]  # its (run_id, run_instance, rank)
 
 
-def _finished(run_id: str, pending: list[tuple[SegmentRows, _Source]],
-              splitter: duckdb.DuckDBPyConnection) -> Batch:
-    parts, refused = split_sealed([rows for rows, _ in pending], splitter)
-    for index in refused:  # not one object per line: the strict path says why, or stores them
-        rows, source = pending[index]
-        columns = _strict_columns(source.segment, source.body, source.first, run_id)
-        parts[index] = dataclasses.replace(rows, columns=columns.tail(rows.columns.first))
-    return Batch(rows_table(run_id, parts),
-                 frozenset((run_id, part.run_instance, part.rank) for part in parts))
-
-
-def decoded_batches(run_dir: str | Path, stored: StoredLines | None = None) -> Iterator[Batch]:
-    """The rows a run adds to a store holding `stored`, in batches of about BATCH_LINES rows.
-    Files only, no database: `ingest` inserts each batch as it comes, so memory holds one
-    batch, not the run."""
+def decoded_batches(run_dir: str | Path, stored: StoredLines | None = None,
+                    torn: list[tuple[str, int]] | None = None) -> Iterator[Batch]:
+    """The rows a run adds to a store holding `stored`, in batches of about BATCH_LINES rows
+    (and, in `torn`, the sealed segments that declare a torn line, with its bytes). Files only,
+    no database: `ingest` inserts each batch as it comes, so memory holds one batch, not the
+    run."""
     run_id = Path(run_dir).name
-    with duckdb.connect() as splitter:  # in memory, for `ingest_fast.split_sealed`
-        splitter.execute("SET threads = 1")
-        pending: list[tuple[SegmentRows, _Source]] = []
-        lines = 0
-        for rows, source in _new_lines(Path(run_dir), stored or {}):
-            pending.append((rows, source))
-            lines += len(rows.columns)
-            if lines >= BATCH_LINES:
-                yield _finished(run_id, pending, splitter)
-                pending, lines = [], 0
-        if pending:
-            yield _finished(run_id, pending, splitter)
+
+    def batch(parts: list[SegmentRows]) -> Batch:
+        return Batch(rows_table(run_id, parts),
+                     frozenset((run_id, part.run_instance, part.rank) for part in parts))
+
+    pending: list[SegmentRows] = []
+    lines = 0
+    for rows in _new_lines(Path(run_dir), stored or {}, [] if torn is None else torn):
+        pending.append(rows)
+        lines += len(rows.columns)
+        if lines >= BATCH_LINES:
+            yield batch(pending)
+            pending, lines = [], 0
+    if pending:
+        yield batch(pending)
 
 
 _WRITE_LOCKS: dict[str, threading.Lock] = {}
 _WRITE_LOCKS_GUARD = threading.Lock()
 
 
-def _write_lock(db_path: str | Path) -> threading.Lock:
+@contextlib.contextmanager
+def _write_lock(db_path: str | Path, lock_timeout_s: float) -> Iterator[None]:
     """One writer per database file in this process too. DuckDB's file lock keeps other
     processes out, but connections of one process share the file, and two ingests there would
-    both count the same stored lines and both append the rest (the table has no key to refuse
-    the second; see `_CREATE`)."""
+    both count the same stored lines and both append the rest (a table created now has no key
+    to refuse the second; see "Idempotence without a key" in the module docstring)."""
     with _WRITE_LOCKS_GUARD:
-        return _WRITE_LOCKS.setdefault(os.path.realpath(db_path), threading.Lock())
+        lock = _WRITE_LOCKS.setdefault(os.path.realpath(db_path), threading.Lock())
+    if not lock.acquire(timeout=lock_timeout_s):
+        raise TelemetryStoreBusyError(
+            f"telemetry database {db_path}: another ingest in this process held it for "
+            f"{lock_timeout_s:.0f} s; wait for it to finish, then ingest again (the ingest is "
+            "idempotent)")
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _configure(con: duckdb.DuckDBPyConnection) -> None:
     # Bounded memory: DuckDB spills past this; the default is 80% of the machine.
     con.execute(f"SET memory_limit = '{DUCKDB_MEMORY_LIMIT}'")
-    # zstd on the payload text, chosen outright: the automatic choice analyses every method
-    # first (twice the insert's CPU) and picks a dictionary/FSST file twice as large.
+    # zstd, chosen outright: the automatic choice analyses every method first (measured: twice
+    # the insert's CPU) and ends with a file 2.5x larger; DICT_FSST and no compression cost as
+    # much CPU or more, for files 3x and 10x larger.
     con.execute("SET force_compression = 'zstd'")
-    # One thread: a second halves nothing here but adds its CPU time (measured: issue 29).
+    # One thread. Measured at 1M events on 2 cores: a second one costs 20% more CPU time for
+    # a few percent less wall time.
     con.execute(f"SET threads = {DUCKDB_THREADS}")
 
 
@@ -432,11 +455,29 @@ def _migrate_v1(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(f"DROP TABLE {TABLE}_v1")
     con.execute(f"CREATE OR REPLACE TEMP TABLE touched_groups AS "
                 f"SELECT DISTINCT run_id, run_instance, rank FROM {TABLE}")
-    con.execute(_MARK_REPLAYS)
+    _mark_replays(con)
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    new_rows: int
+    # Torn lines the run's sealed segments declare: rows a killed writer left half-written,
+    # lost for good (see `telemetry.reader`); they are never stored, and said here.
+    torn_lines: int
+    torn_bytes: int
+    torn_segments: tuple[str, ...]
 
 
 def ingest(run_dir: str | Path, db_path: str | Path, *, lock_timeout_s: float = 60.0) -> int:
     """Loads every complete line of a run's segments into DuckDB; returns how many were new.
+    See `ingest_report`."""
+    return ingest_report(run_dir, db_path, lock_timeout_s=lock_timeout_s).new_rows
+
+
+def ingest_report(run_dir: str | Path, db_path: str | Path, *,
+                  lock_timeout_s: float = 60.0) -> IngestReport:
+    """Loads every complete line of a run's segments into DuckDB; says how many were new and
+    which torn lines (declared by sealed segments' markers) could not be.
 
     `run_dir` is `<telemetry_dir>/<run_id>`; its folder name is the run id, and every record must
     carry it (a record of another run means a misplaced file and raises). Malformed files raise
@@ -450,11 +491,13 @@ def ingest(run_dir: str | Path, db_path: str | Path, *, lock_timeout_s: float = 
     check_db_path(db_path)
     # A short read-only look first: sealed segments stored already are not decoded again.
     stored = _stored_lines(run_id, Path(db_path), lock_timeout_s)
-    batches = decoded_batches(run_dir, stored)
+    torn: list[tuple[str, int]] = []
+    batches = decoded_batches(run_dir, stored, torn)
     first = next(batches, None)
     inserted = 0
     Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-    with _write_lock(db_path), connect_with_retry(db_path, lock_timeout_s=lock_timeout_s) as con:
+    with (_write_lock(db_path, lock_timeout_s),
+          connect_with_retry(db_path, lock_timeout_s=lock_timeout_s) as con):
         _configure(con)
         con.execute("BEGIN TRANSACTION")
         try:
@@ -463,7 +506,8 @@ def ingest(run_dir: str | Path, db_path: str | Path, *, lock_timeout_s: float = 
             now = _stored_in(con, run_id)
             if now != stored:  # another ingest stored lines between the look and the lock
                 batches.close()
-                batches = decoded_batches(run_dir, now)
+                torn.clear()
+                batches = decoded_batches(run_dir, now, torn)
                 first = next(batches, None)
             touched: set[tuple[str, str, int]] = set()
             for batch in itertools.chain([] if first is None else [first], batches):
@@ -473,13 +517,14 @@ def ingest(run_dir: str | Path, db_path: str | Path, *, lock_timeout_s: float = 
                 con.execute("CREATE OR REPLACE TEMP TABLE touched_groups "
                             "(run_id VARCHAR, run_instance VARCHAR, rank INTEGER)")
                 con.executemany("INSERT INTO touched_groups VALUES (?, ?, ?)", sorted(touched))
-                con.execute(_MARK_REPLAYS)
+                _mark_replays(con)
             con.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(duckdb.Error):  # the error that got here is the one to see
                 con.execute("ROLLBACK")
             raise
-    return inserted
+    return IngestReport(inserted, len(torn), sum(size for _, size in torn),
+                        tuple(path for path, _ in torn))
 
 
 def _connect_read_only(

@@ -1,5 +1,6 @@
-"""The ingestion benchmark writes real segments, ingests them twice and reports events/s; and
-re-ingestion does not parse stored sealed segments again, storing exactly what it did."""
+"""The ingestion benchmark writes real segments, ingests them twice and reports events/s per
+CPU-second and peak RSS against the issue-29 goal; re-ingestion does not parse stored sealed
+segments again, and a first ingestion parses only their first lines in Python."""
 
 import json
 
@@ -23,10 +24,17 @@ def test_ingestion_bench_reports_throughput_and_reingestion_adds_no_rows(tmp_pat
     for key in ("wall_s", "cpu_s", "events_per_s", "cpu_events_per_s"):
         assert result["ingest"][key] > 0
     assert result["reingest"]["wall_s"] > 0 and result["memory"]["peak_rss_mib"] > 0
-    assert result["meets_target"] == (result["ingest"]["events_per_s"] >= 200_000)
+    # The goal is the benchmark's own constants, reported as such; 2,000 events cannot judge it.
+    assert result["goal"] == {"cpu_events_per_s": 200_000, "peak_rss_mib": 300.0,
+                              "events": 1_000_000}
+    assert ingestion.GOAL_CPU_EVENTS_PER_S == 200_000 and ingestion.GOAL_PEAK_RSS_MIB == 300.0
+    assert result["meets_goal"] is False  # below GOAL_EVENTS, whatever the speed
+    assert isinstance(result["meets_cpu_goal"], bool)
+    assert isinstance(result["meets_memory_goal"], bool)
     assert result["meta"]["command"].startswith("python -m benchmarks.ingestion")
     markdown = (tmp_path / "ingestion.md").read_text()
-    assert "200,000 events/s" in markdown and "re-ingest (idempotent)" in markdown
+    assert "**Goal not judged**" in markdown and "goal 200,000" in markdown
+    assert "goal at most 300" in markdown and "re-ingest (idempotent)" in markdown
 
 
 def test_rank_records_write_exactly_the_budget_with_one_resume_and_a_run_end():
@@ -62,7 +70,9 @@ def test_reingestion_skips_parsing_stored_sealed_segments_and_stores_the_same(tm
     killed = SegmentWriter(tmp_path, "run-1", events_per_segment=3)
     for step in range(1, 8):  # segments 0 and 1 sealed, segment 2 open with one line
         killed.write(_step(step))
-    assert store.ingest(tmp_path / "run-1", db) == 7 and len(parsed) == 7
+    # Sealed segments: only their first line is parsed in Python (for the key); the rest goes
+    # through msgspec and DuckDB (telemetry.ingest_fast). The open one is parsed whole.
+    assert store.ingest(tmp_path / "run-1", db) == 7 and parsed == [0, 1, 2]
     parsed.clear()
     assert store.ingest(tmp_path / "run-1", db) == 0
     assert parsed == [0, 1, 2]  # first lines of the sealed ones; the open one whole
@@ -72,7 +82,7 @@ def test_reingestion_skips_parsing_stored_sealed_segments_and_stores_the_same(tm
             resumed.write(_step(step))
     parsed.clear()
     assert store.ingest(tmp_path / "run-1", db) == 4
-    assert parsed == [0, 1, 2, 3, 3, 3, 4]  # segment 2 is sealed now and whole in the store
+    assert parsed == [0, 1, 2, 3, 4]  # segment 2 is sealed now and whole in the store
     fresh = tmp_path / "fresh.duckdb"  # everything in one go: the same rows, the same replays
     assert store.ingest(tmp_path / "run-1", fresh) == 11
     assert _table(db) == _table(fresh)

@@ -93,6 +93,10 @@ def test_full_suite_figures(tmp_path):
     assert figures["notices_unanswered"] == 0
     assert figures["concurrent_ingest_failures"] == 0
     assert figures["temp_files_left_after_resume"] == 0
+    adversarial = figures["adversarial"]  # issue 31's classes: every generated case as expected
+    assert adversarial["cases"] > 0 and adversarial["failed"] == 0, [
+        r for r in payload["adversarial"] if not r["passed"]]
+    assert figures["lost_steps_per_kill9"]["max"] <= figures["lost_work_bound_steps"]
     for case in payload["full_disk"]:
         assert "skipped" in case or (not case["resume_failed"] and case["telemetry_readable"]
                                      and case["corrupt_checkpoints"] == [])

@@ -44,7 +44,8 @@ STATE_KEY_ENV = "TRAINWISE_STATE_KEY"
 KEY_FILE_NAME = "state.key"
 MAX_KEY_FILE_BYTES = 256  # 64 hex characters and a newline; anything bigger is not ours
 MAX_JSON_DEPTH = 16  # a manifest nests two levels; a deep document is hostile, not ours
-_HEX_KEY = re.compile(r"^[0-9a-f]{64}$")
+# `\Z`, not `$`: `$` also matches before a final newline (issue 31, class 8).
+_HEX_KEY = re.compile(r"^[0-9a-f]{64}\Z")
 # JSON strings (skipped whole, escapes included) or one bracket: what the depth scan looks at.
 _JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -161,7 +162,7 @@ def state_key(home: Path | None = None, *, create: bool = True) -> bytes | None:
     `create=False` (verifying): None when there is no key yet, and nothing is created."""
     raw = os.environ.get(STATE_KEY_ENV, "").strip().lower()
     if raw:
-        if not _HEX_KEY.match(raw):
+        if not _HEX_KEY.fullmatch(raw):
             raise StateFileError(f"{STATE_KEY_ENV} is not 64 hex characters (32 bytes); set it "
                                  "to e.g. the output of `openssl rand -hex 32`, the same on every "
                                  "machine of the deployment, or unset it to use the key file")
@@ -219,7 +220,7 @@ def _read_key_file(path: Path) -> bytes:
     finally:
         os.close(fd)
     text = data.decode("ascii", errors="replace").strip()
-    if len(data) > MAX_KEY_FILE_BYTES or not _HEX_KEY.match(text):
+    if len(data) > MAX_KEY_FILE_BYTES or not _HEX_KEY.fullmatch(text):
         raise StateFileError(f"checkpoint key {path} is not 64 hex characters; {fix}")
     return bytes.fromhex(text)
 

@@ -26,7 +26,9 @@ resume from it bills from), `end` with the run_end record; fsynced at each check
 from __future__ import annotations
 
 import dataclasses
+import errno
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,6 +68,39 @@ from training.model import CNNConfig, GPTConfig
 from training.sampler import TrainSampler
 
 Status = Literal["completed", "preempted", "stopped", "migrated"]
+_FULL_DISK = {errno.ENOSPC, errno.EDQUOT}
+
+
+def _device_of(path: Path) -> str:
+    """`device MAJOR:MINOR mounted at /x` of the file system holding `path` (its nearest
+    existing folder), for a message; '' when even that cannot be looked at."""
+    folder = Path(os.path.abspath(path))
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        device = os.stat(folder).st_dev
+    except OSError:
+        return ""
+    mount = folder
+    while mount != mount.parent and not os.path.ismount(mount):
+        mount = mount.parent
+    return f"device {os.major(device)}:{os.minor(device)} mounted at {mount}"
+
+
+def _telemetry_fix(error: OSError, where: Path, resume: str) -> str:
+    """What to do about a failed telemetry write, by its errno: "free disk space" for a folder
+    someone removed, or a failing device, sends a person after the wrong cause."""
+    if error.errno in _FULL_DISK:
+        return f"Free disk space on the file system of {where}, {resume}"
+    if error.errno == errno.ENOENT:
+        return (f"The telemetry folder {where} (or a file in it) was removed while the trainer "
+                "wrote it: something else (a clean-up job, `rm -rf`, a restore) is removing "
+                f"files in the run folder. Stop it, {resume}")
+    device = _device_of(where)
+    cause = os.strerror(error.errno) if error.errno is not None else "an unknown error"
+    return (f"The file system refused the write ({cause}"
+            f"{f', on {device}' if device else ''}): not a full disk. Fix that file system or "
+            f"device (permissions, a read-only mount, I/O errors in `dmesg`), {resume}")
 
 
 class TrainingStoppedError(RuntimeError):
@@ -234,10 +269,11 @@ class LoopRun:
         else:
             saved = (f"the checkpoint could not be written either ({self._checkpoint_error}); "
                      f"the newest good checkpoint is {self.checkpoint_path or 'none'}")
+        resume = f"then resume (resume_from={self.out_dir / 'checkpoints'})"
         return TrainingStoppedError(
             f"training of run {self.run.run_id!r} stopped: its telemetry could not be written "
-            f"to {where} ({self.telemetry_error}); {saved}. Free disk space on the filesystem "
-            f"of {where}, then resume (resume_from={self.out_dir / 'checkpoints'})",
+            f"to {where} ({self.telemetry_error}); {saved}. "
+            f"{_telemetry_fix(self.telemetry_error, where, resume)}",
             telemetry_dir=where.parent, checkpoint_path=self.checkpoint_path,
         )
 

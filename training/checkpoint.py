@@ -132,13 +132,15 @@ MANIFEST_SUFFIX = ".manifest.json"
 LEGACY_MAGIC = b"TRAINWISE-CHECKPOINT"  # the header of format-1 files
 MAX_MANIFEST_BYTES = 64 * 1024  # a manifest is ~800 bytes; refuse to read a huge one
 MAX_PAYLOAD_BYTES = 1 << 40  # 1 TiB: above any model this platform trains
-_STEP_FILE = re.compile(r"^step-(\d{7})\.pt$")
-_STEP_MANIFEST = re.compile(r"^step-(\d{7})\.pt\.manifest\.json$")
+# `\Z`, not `$`, in these: `$` also matches before a final newline, so `step-0000001.pt\n`
+# would pass for a checkpoint (issue 31, class 8).
+_STEP_FILE = re.compile(r"^step-(\d{7})\.pt\Z")
+_STEP_MANIFEST = re.compile(r"^step-(\d{7})\.pt\.manifest\.json\Z")
 # `_write_atomic` temp names: `.<name>.tmp-<pid>-<16 hex>` for payloads
 # (`.step-0000008.pt.tmp-123-0123456789abcdef`) and manifests; the random part makes the name
 # unpredictable. Without it: the names of writers before issue 31, still cleaned up.
-_TEMP_FILE = re.compile(r"^\..+\.pt(\.manifest\.json)?\.tmp-\d+(-[0-9a-f]{16})?$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_TEMP_FILE = re.compile(r"^\..+\.pt(\.manifest\.json)?\.tmp-\d+(-[0-9a-f]{16})?\Z")
+_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 # What a weights-only load rebuilds without an allow-list (torch adds dtypes, devices, Size, ...).

@@ -35,6 +35,7 @@ import numpy as np
 
 from training._data_io import atomic_write_bytes, atomic_write_json, read_json, sha256_file
 from training.data_types import Curriculum, ExampleSet
+from training.safe_files import append_bytes
 from training.scoring import ScoreTable
 
 LATEST_NAME = "LATEST"
@@ -361,8 +362,10 @@ def propose_rollback(out_dir: Path, version: str, *, reason: str, requested_by: 
 def append_history(out_dir: Path, record: dict) -> dict:
     """One line of the folder's history (publish, rejection, rollback, live change)."""
     record = {"at_s": time.time(), **record}
-    with open(Path(out_dir) / HISTORY_NAME, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record, sort_keys=True) + "\n")
+    # A link, hard link or FIFO planted at this predictable name is refused, never appended
+    # through (issue 31, class 2).
+    append_bytes(Path(out_dir) / HISTORY_NAME,
+                 (json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
     return record
 
 

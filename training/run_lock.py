@@ -18,8 +18,8 @@ longer the one it holds, and it stops with `RunFolderReplacedError` saying so.
 (unpredictable temp name, rename), so a refused second launch can say whom it collided with.
 Deleting it changes nothing but that message, which then names the holder's pid from Linux's
 `/proc/locks` (the kernel's own table of flocks, by the folder's inode). Before taking the
-folder, the state paths the trainer writes into (`checkpoints`, `telemetry`) must resolve
-inside it (`training.safe_files.ensure_inside`, issue 31 class 2).
+folder, the state paths the trainer writes into (`checkpoints`, `telemetry`, `ledger`) must
+resolve inside it (`training.safe_files.ensure_inside`, issue 31 class 2).
 
 `flock` on a directory works on local file systems (ext4, xfs, btrfs, tmpfs). NFS emulates
 flock with byte-range locks, which a directory descriptor cannot take; there the lock falls back
@@ -47,8 +47,9 @@ LOCK_NAME = ".run.lock"  # the holder's record, not the lock
 FALLBACK_LOCK_NAME = ".run.flock"  # locked where a directory cannot be (NFS); never written
 # errno of a file system that cannot flock a directory descriptor
 _NO_DIRECTORY_FLOCK = {errno.EBADF, errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP}
-# The folders of a run folder the trainer writes into; each must resolve inside it.
-STATE_FOLDERS = ("checkpoints", "telemetry")
+# The folders of a run folder the trainer writes into; each must resolve inside it. `ledger`
+# holds the run ledger (`training.ledger.LEDGER_FOLDER`), which a resume bills from.
+STATE_FOLDERS = ("checkpoints", "telemetry", "ledger")
 _RECORD_LIMIT_BYTES = 4096
 
 # The locks this process holds (id -> lock), so a writer deep in the loop can ask whether the

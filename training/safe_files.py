@@ -11,8 +11,10 @@ here close that class:
   name (`write_atomic`); the rename replaces a planted link itself, never its target;
 - a file created once is opened `O_CREAT | O_EXCL | O_NOFOLLOW` (`create_new`);
 - a file appended to is opened `O_NOFOLLOW | O_NONBLOCK` and refused unless it is a regular
-  file with one link (`open_for_append`): a hard link would make the append change the other
-  name's file too, and a FIFO would block the trainer;
+  file with one link (`open_for_append`, `append_bytes`): a hard link would make the append
+  change the other name's file too, and a FIFO would block the trainer;
+- a log a child process writes from the start is unlinked and created anew
+  (`replace_with_new`), never truncated through whatever the name is;
 - a folder the trainer writes into must resolve inside the run folder (`ensure_inside`).
 
 Refusals raise `UnsafeStatePathError` (a ValueError: the path is bad input, not a full disk),
@@ -87,6 +89,30 @@ def open_for_append(path: str | Path, mode: int = 0o644) -> int:
         os.close(handle)
         raise
     return handle
+
+
+def append_bytes(path: str | Path, data: bytes) -> None:
+    """Appends `data` to `path` through `open_for_append` (so a planted link, hard link or FIFO
+    is refused, never written through). A line goes in one write(2) (a regular file takes it
+    whole), so whole lines of concurrent appenders do not interleave."""
+    handle = open_for_append(path)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(handle, view):]
+    finally:
+        os.close(handle)
+
+
+def replace_with_new(path: str | Path, mode: int = 0o644) -> int:
+    """A write fd of a fresh, empty file at `path` (a log a child process writes): whatever entry
+    is there (a planted link or hard link too) is unlinked first, never opened, then the file is
+    created `O_EXCL | O_NOFOLLOW`; FileExistsError if someone plants one in between."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return create_new(path, mode)
 
 
 def create_new(path: str | Path, mode: int = 0o644) -> int:

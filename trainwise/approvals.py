@@ -23,6 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from training.safe_files import append_bytes
 from trainwise import settings
 
 FOLDER = ("governance", "schedule")
@@ -50,8 +51,9 @@ def _read_json(path: Path) -> dict | None:
 
 def _append(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as out:
-        out.write(json.dumps(record, sort_keys=True) + "\n")
+    # The approval record is what an audit trusts: a link planted at its predictable name is
+    # refused, never appended through (issue 31, class 2).
+    append_bytes(path, (json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
 
 
 def _lines(path: Path) -> list[dict]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from cloud import emulated as replay
 from cloud.providers.base import NodeHandle
 from telemetry.reader import read_run_events
+from training.safe_files import replace_with_new, write_atomic
 from trainwise import settings
 
 # The provider's telemetry rank: not a training rank (those count from 0), one writer per rank.
@@ -137,8 +138,10 @@ class _TrainerProcesses:
         if risk is not None:
             job["preemption_risk"] = risk
         job_path = folder / f"job-{index:03d}.json"
-        job_path.write_text(json.dumps(job, indent=1))
-        log = open(folder / f"worker-{index:03d}.log", "w")  # noqa: SIM115 (child owns it)
+        # The run folder is shared and these names are predictable: a planted link is replaced,
+        # never written through (issue 31, class 2).
+        write_atomic(job_path, json.dumps(job, indent=1).encode("utf-8"))
+        log = os.fdopen(replace_with_new(folder / f"worker-{index:03d}.log"), "w")
         process = subprocess.Popen(
             [sys.executable, "-m", "trainwise.emulated_worker", str(job_path)],
             cwd=settings.PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,

@@ -61,6 +61,7 @@ from cloud.providers import (
     provider_name,
 )
 from cloud.providers.base import check_market
+from training.safe_files import write_atomic
 from trainwise.torchrun_gang import TorchrunGang  # re-exported: it lived here first
 
 ALLOCATION_FILE = "allocation.json"
@@ -102,9 +103,10 @@ def write_allocation(run_dir: Path, allocation: Allocation) -> Path:
     tick (checkpoint, release, launch, resume)."""
     path = Path(run_dir) / ALLOCATION_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps({**asdict(allocation), "written_at_s": time.time()}, indent=1))
-    os.replace(tmp, path)
+    # An unpredictable temp name: a fixed `.allocation.json.tmp-<pid>` in the shared run folder
+    # could be a planted link, written through (issue 31, class 2).
+    write_atomic(path, json.dumps({**asdict(allocation), "written_at_s": time.time()},
+                                  indent=1).encode("utf-8"))
     return path
 
 
@@ -533,9 +535,7 @@ class GangSession:
     def _write_record(self, record: dict[str, Any]) -> None:
         path = self.run_dir / GANG_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(record, indent=1, default=str))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(record, indent=1, default=str).encode("utf-8"))
 
     def _record(self, event: str, reason: str, detail: dict[str, Any]) -> None:
         entry = {"event": event, "reason": reason, "provider_time_s": self.provider.now_s(),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import json
 import logging
 import threading
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from telemetry import reader
+from training.safe_files import write_atomic
 from trainwise import tracking
 from trainwise.services import Backoff, ServiceUnreachableError
 
@@ -518,10 +520,13 @@ class LiveRun:
     def write_decisions(self, path: Path) -> Path:
         """The decision table as CSV (one row per decision, in the order seen)."""
         path = Path(path)
-        with open(path, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.DictWriter(handle, fieldnames=DECISION_COLUMNS)
-            writer.writeheader()
-            writer.writerows(self.decisions)
+        buffer = io.StringIO(newline="")
+        writer = csv.DictWriter(buffer, fieldnames=DECISION_COLUMNS)
+        writer.writeheader()
+        writer.writerows(self.decisions)
+        # Written to an unpredictable temp name and renamed: the run folder is shared, and an
+        # open(path, "w") would write through a link planted at this name (issue 31, class 2).
+        write_atomic(path, buffer.getvalue().encode("utf-8"))
         return path
 
     def _register(self, model: ModelToRegister, call: Callable[..., Any]) -> None:

@@ -142,9 +142,22 @@ class LocalObjectStore(_CheckpointPuts):
         source = self.root / _check_key(key)
         if not source.exists():
             raise FileNotFoundError(f"object {key!r} not found under {self.root}")
-        Path(local_path).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, local_path)
-        return Path(local_path)
+        local_path = Path(local_path)
+        local_path.parent.mkdir(parents=True, exist_ok=True)
+        # Copied to an unpredictable temp name, then renamed: shutil.copyfile onto `local_path`
+        # (a predictable name in the run folder, `.step-N.pt.download`) would write through a
+        # link planted there (issue 31, class 2). As boto3's download_file does for s3.
+        fd, tmp = tempfile.mkstemp(dir=local_path.parent, prefix=f".{local_path.name}.",
+                                   suffix=".tmp")
+        os.fchmod(fd, 0o644)  # mkstemp makes it private; copyfile keeps the mode
+        os.close(fd)
+        try:
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, local_path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return local_path
 
     def get_bytes(self, key: str) -> bytes:
         source = self.root / _check_key(key)

@@ -27,9 +27,9 @@ The `checkpoint` asset and the tests call `run_training`. In order:
 
 from __future__ import annotations
 
+import io
 import json
 import math
-import os
 import time
 import warnings
 from dataclasses import asdict, dataclass, fields, replace
@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from controllers.fast_types import FastPolicy, NoOpFastPolicy
+from training.safe_files import write_atomic
 from trainwise import guard_reference, mlflow_live, preflight, settings, tracking
 from trainwise.object_store import ObjectStore
 
@@ -222,8 +223,12 @@ def plot_cost_vs_loss(events: list[dict[str, Any]], path: Path) -> Path | None:
     axis.set_title("eval loss vs cost")
     axis.grid(alpha=0.3)
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    # Into memory, then renamed into the run folder: savefig(path) opens the predictable name
+    # plainly, following a link planted there (issue 31, class 2).
+    image = io.BytesIO()
+    figure.savefig(image, format="png", dpi=100)
     plt.close(figure)
+    write_atomic(path, image.getvalue())
     return path
 
 
@@ -413,9 +418,9 @@ def resumable_run_id(state_dir: Path, candidates: list[str], *, store: ObjectSto
 
 
 def _write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=2, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+    # An unpredictable temp name (issue 31, class 2): a fixed `.name.tmp-<pid>` in the shared
+    # run folder could be a planted link, written through.
+    write_atomic(path, json.dumps(payload, indent=2, default=str).encode("utf-8"))
 
 
 def _resume_point(run_dir: Path, request: TrainRequest, store: ObjectStore | None = None
@@ -629,7 +634,7 @@ def run_training(
         # run by this file.
         run_dir.mkdir(parents=True, exist_ok=True)
         request_path = run_dir / "request.json"
-        request_path.write_text(json.dumps(asdict(request), indent=2))
+        _write_json_atomic(request_path, asdict(request))
         # Which fast policy is in charge and why (champion, or the heuristic and the refusal).
         _write_json_atomic(run_dir / "fast_policy.json",
                            {"fast_policy": policy.name, "reason": policy_reason})

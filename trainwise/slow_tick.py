@@ -34,6 +34,7 @@ from controllers.slow_types import (
     SlowObservation,
 )
 from telemetry.reader import read_run_events
+from training.safe_files import append_bytes
 
 FINISHED = {"completed", "failed"}
 RULE_PATH = ("governance", "live_change_rule.json")
@@ -213,8 +214,10 @@ def apply_run_decisions(state_dir: Path, tick: SlowTick) -> dict[str, Any]:
         record["allocation"] = {"market": wanted.market, "zone": wanted.zone,
                                 "nodes": wanted.nodes}
     record["status"] = "applied"
-    with open(run_dir / "slow_decisions.jsonl", "a", encoding="utf-8") as log:
-        log.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+    # The run folder is shared: a planted link at this predictable name is refused, not appended
+    # through (issue 31, class 2).
+    append_bytes(run_dir / "slow_decisions.jsonl",
+                 (json.dumps(record, sort_keys=True, default=str) + "\n").encode("utf-8"))
     return record
 
 
@@ -241,8 +244,8 @@ def set_live_change_rule(state_dir: Path, *, auto_approve: bool, set_by: str, wh
     path = state_dir.joinpath(*RULE_PATH)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, rule)
-    with open(path.with_name("live_change_rule_history.jsonl"), "a", encoding="utf-8") as log:
-        log.write(json.dumps(rule, sort_keys=True) + "\n")
+    append_bytes(path.with_name("live_change_rule_history.jsonl"),
+                 (json.dumps(rule, sort_keys=True) + "\n").encode("utf-8"))
     return rule
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloud.providers import NodeHandle
+from training.safe_files import replace_with_new, write_atomic
 
 if TYPE_CHECKING:
     from trainwise.gang import GangSession
@@ -130,7 +131,9 @@ class TorchrunGang:
                     "uploader": "trainwise.object_store:local_checkpoint_uploader",
                     "root": str(self.store_root)}), "key_prefix": self.key_prefix}}
         spec_path = self.work_dir / f"segment-{index}.json"
-        spec_path.write_text(json.dumps(spec))
+        # The gang folder lies in the shared run folder and these names are predictable: a
+        # planted link is replaced, never written through (issue 31, class 2).
+        write_atomic(spec_path, json.dumps(spec).encode("utf-8"))
         seen = [self._steps_seen(rank) for rank in range(self.nproc)]
         repo = Path(__file__).resolve().parents[1]
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
@@ -139,7 +142,7 @@ class TorchrunGang:
         log = self.work_dir / f"segment-{index}.log"
         self._pids = {}
         began = time.monotonic()
-        with log.open("w") as stderr:
+        with os.fdopen(replace_with_new(log), "w") as stderr:
             process = subprocess.Popen(
                 torchrun_command(spec_path, self.nproc, _free_port(), sys.executable),
                 cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=stderr,
@@ -376,11 +379,10 @@ def train_ranks(session: GangSession, config: Any, *, request: Any, shards_dir: 
             "upload_timeout_s": upload_timeout_s}
     work_dir = run_dir / "gang"
     if spec["policy"]["kind"] == "learned_fast":  # the champion accepted now, not a later one
-        import shutil
-
         work_dir.mkdir(parents=True, exist_ok=True)
         pinned = work_dir / "fast_champion.npz"
-        shutil.copyfile(spec["policy"]["path"], pinned)
+        # Not shutil.copyfile: it opens the target following a link planted at this name.
+        write_atomic(pinned, Path(spec["policy"]["path"]).read_bytes())
         spec["policy"] = {**spec["policy"], "path": str(pinned)}
     uploader_spec = _uploader_spec(store)
     driver = TorchrunGang(session, spec, work_dir, Path(uploader_spec["root"]), key_prefix, nproc,

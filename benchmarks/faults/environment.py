@@ -3,9 +3,10 @@
 Full disk: a size-limited tmpfs (`mount -t tmpfs -o size=...`, needs root; unmounted in a
 `finally`). Where mounting is refused, a per-process file size limit (RLIMIT_FSIZE: writes past
 it fail with EFBIG) stands in for the checkpoint case; the results say which was used.
-- telemetry_full: the run's telemetry folder is on a nearly full tmpfs, checkpoints are not. The
-  trainer should checkpoint, then stop with an error naming the folder; the segment stays
-  readable; after freeing space the run resumes to the end and matches the reference.
+- telemetry_full: the run's telemetry folder is a nearly full tmpfs mounted at
+  `<run>/telemetry`, checkpoints are not. The trainer should checkpoint, then stop with an error
+  naming the folder; the segment stays readable; after freeing space the run resumes to the end
+  and matches the reference.
 - checkpoint_full: the whole run folder is on a tmpfs that holds one checkpoint and not two.
   The trainer should stop with an error naming the checkpoint; no committed checkpoint may be
   corrupt and no temp file may be left; a copy of the folder on a disk with space resumes.
@@ -110,14 +111,14 @@ def disk_full_cases(suite) -> tuple[str, list[dict[str, Any]]]:
 
 
 def _telemetry_full(suite, base: Path) -> dict[str, Any]:
-    mount = base / "telemetry-tmpfs"
+    # The tmpfs is mounted AT the run's telemetry folder, not linked to it: the trainer refuses
+    # a state folder that resolves outside the run folder (issue 31, class 2), a mount point
+    # inside it is just a folder on another file system.
+    run = suite.new_run("disk-telemetry-full")
+    mount = run.run_dir / "telemetry"
     if mount_tmpfs(mount, 1 << 20) is not None:
         return {"case": "telemetry_full", "skipped": "mount failed"}
     try:
-        run = suite.new_run("disk-telemetry-full")
-        run.run_dir.mkdir(parents=True, exist_ok=True)
-        (mount / "telemetry").mkdir()
-        (run.run_dir / "telemetry").symlink_to(mount / "telemetry")
         fill(mount, leave_bytes=16 * 1024)
         case = {"case": "telemetry_full", **_after_stop(run, harness.wait(run.start(None)))}
         (mount / "filler").unlink()  # the fix the error should name: free space

@@ -125,6 +125,7 @@ def markdown(payload: dict[str, Any]) -> str:
     for c in payload["hostile"]:
         error = (c.get("error") or c.get("error_type") or "").replace("|", "/").replace("\n", " ")
         lines.append(f"| {c['case']} | {c['outcome']} | {error[:140]} |")
+    lines += _adversarial_lines(payload)
     ing = payload["concurrent_ingestion"]
     lines += ["", "## Concurrent ingestion", "",
               f"{ing['processes']} processes, {ing['lines_per_run']} lines a run: four runs at "
@@ -148,3 +149,39 @@ def markdown(payload: dict[str, Any]) -> str:
               "SIGTERM was sent (0 when the notice fell on a boundary already saved). Code "
               "executed from files: marker files created by crafted pickles."]
     return "\n".join(lines)
+
+
+
+def _adversarial_lines(payload: dict[str, Any]) -> list[str]:
+    """The adversarial part: the issue's five zeros, the lost-work bound, then per class."""
+    a = payload["figures"].get("adversarial")
+    if a is None:  # a results file written before the adversarial part existed
+        return []
+    f = payload["figures"]
+    lk = f["lost_steps_per_kill9"]
+    lines = ["", "## Adversarial state files", "",
+             "Generated variants per defect class (`benchmarks/faults/adversarial_*.py`), each "
+             "with the outcome it must give; a case fails when the outcome differs, a file "
+             "outside the run folder changed, the bill moved or a row was lost.", "",
+             "| figure | value |", "|---|---|",
+             f"| cases / failed | {a['cases']} / {a['failed']} |",
+             f"| resumes crashed by a hostile file | {a['resumes_crashed_by_hostile_file']} |",
+             f"| writes outside the run folder | {a['writes_outside_run_folder']} |",
+             f"| foreign checkpoints accepted silently | "
+             f"{a['foreign_checkpoints_accepted_silently']} |",
+             f"| bills changed by a planted file | {a['bills_changed_by_planted_file']} |",
+             f"| rows lost on a full telemetry disk | {a['rows_lost_on_full_telemetry_disk']} |",
+             f"| lost work per kill -9, max (steps) against the stated bound | "
+             f"{_fmt(lk['max'], 1)} against {f['lost_work_bound_steps']} (two intervals) |",
+             "", "| class | cases | refused | fell back | warned | accepted | crashed | failed |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, c in a["per_class"].items():
+        lines.append(f"| {name} | {c.get('cases', 0)} | {c.get('refused', 0)} | "
+                     f"{c.get('fell_back', 0)} | {c.get('warned', 0)} | {c.get('accepted', 0)} | "
+                     f"{c.get('crashed', 0)} | {c.get('failed', 0)} |")
+    failed = [r for r in payload.get("adversarial", []) if not r["passed"]]
+    if failed:
+        lines += ["", "Failed cases:", ""]
+        lines += [f"- {r['defect_class']}/{r['case']}: expected {r['expected']}, got "
+                  f"{r['outcome']}; {r['detail'][:200]}" for r in failed]
+    return lines

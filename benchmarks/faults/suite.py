@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.faults import environment, harness, hostile, report, trials
+from benchmarks.faults import adversarial, environment, harness, hostile, report, trials
 
 
 def run_suite(work_dir: Path, *, quick: bool, seed: int = 0,
@@ -40,8 +40,12 @@ def run_suite(work_dir: Path, *, quick: bool, seed: int = 0,
     method, disk = environment.disk_full_cases(suite)
     say("concurrent ingestion")
     ingestion = environment.concurrent_ingestion(suite)
+    say("adversarial state files (issue 31's classes)")
+    adversarial_records = adversarial.run_cases(suite.work_dir, suite)
     figures = report.figures(records, cases, executed, method, disk, ingestion,
                              suite.reference.step_s)
+    figures["adversarial"] = adversarial.figures(adversarial_records)
+    figures["lost_work_bound_steps"] = 2 * suite.shape.checkpoint_every_steps
     return {
         "mode": "quick" if quick else "full", "seed": seed,
         "partition": suite.shards_dir.name, "run_shape": asdict(suite.shape),
@@ -49,4 +53,5 @@ def run_suite(work_dir: Path, *, quick: bool, seed: int = 0,
         else "1 (embedded checksum)",
         "wall_s": time.monotonic() - began, "figures": figures, "trials": records,
         "hostile": cases, "full_disk": disk, "concurrent_ingestion": ingestion,
+        "adversarial": adversarial_records,
     }
