@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 
 SUITES = {
     "cost": "benchmarks.cost",
@@ -40,3 +41,13 @@ def main(argv: list[str]) -> int:
         # A suite returns its exit status, or its results (a dict) when it has nothing to flag.
         status |= result if isinstance(result, int) else 0
     return status
+
+
+if __name__ == "__main__":  # `trainwise bench` execs `python -m benchmarks.run_all SUITE ...`
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except ValueError as error:  # an unknown suite name: say so without a traceback
+        if not str(error).startswith("unknown suite"):
+            raise
+        print(f"trainwise bench: {error}", file=sys.stderr)
+        sys.exit(2)

@@ -199,7 +199,7 @@ def sealed_columns(body: bytes, run_id: str, rank: int) -> SegmentColumns | None
 
 
 def rows_table(run_id: str, parts: list[SegmentRows]) -> pa.Table:
-    """Segments' new lines (payloads split) as one Arrow table of the store's columns."""
+    """Segments' new lines as one Arrow table of the store's columns (but `is_replay`)."""
     def constant(value_of, build) -> pa.ChunkedArray:
         chunks = [build(value_of(part), len(part.columns)) for part in parts]
         return pa.chunked_array(chunks, chunks[0].type)

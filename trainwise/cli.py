@@ -92,9 +92,12 @@ def _cmd_ui(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     _prepare_environment()
-    from benchmarks import run_all
-
-    return run_all.main([args.suite, *args.rest])
+    # The benchmarks import the product, never the reverse: the suite runs as its own program.
+    # exec, not a child process, so Ctrl-C and SIGTERM reach the suite itself.
+    command = [sys.executable, "-m", "benchmarks.run_all", args.suite, *args.rest]
+    sys.stdout.flush()
+    os.execv(sys.executable, command)
+    return 1  # not reached: execv replaces this process or raises OSError
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:

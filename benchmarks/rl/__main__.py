@@ -1,3 +1,4 @@
 from benchmarks.rl.run import main
 
-main()
+if __name__ == "__main__":  # importing the package's __main__ must not run the benchmark
+    main()
