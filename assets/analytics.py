@@ -28,6 +28,7 @@ from assets.resources import StateResource, TelemetryStoreResource
 from assets.training import checkpoint
 from telemetry import store
 from trainwise import settings
+from trainwise.ledger_bill import store_ledger_bills
 
 DBT_DIR = settings.PROJECT_ROOT / "dbt"
 PROFILE = """# Written by trainwise (assets/analytics.py) for each dbt invocation; do not edit.
@@ -121,11 +122,15 @@ def telemetry(context: dg.AssetExecutionContext, state: StateResource,
     folders = partition_runs(state.path(), context.partition_key)
     began = time.perf_counter()
     if folders:
-        new = sum(store.ingest(folder, db) for folder in folders)
+        new = 0
+        for folder in folders:
+            new += store.ingest(folder, db)
+            store_ledger_bills(folder, db)  # the bill dbt reports (issue 31, class 4)
     else:  # still create the table, so the dbt models build (to empty views)
         with tempfile.TemporaryDirectory() as scratch:
             (Path(scratch) / "none").mkdir()
             new = store.ingest(Path(scratch) / "none", db)
+            store_ledger_bills(Path(scratch) / "none", db)
     seconds = time.perf_counter() - began
     return dg.MaterializeResult(metadata={
         "runs": len(folders), "run_ids": ", ".join(f.name for f in folders) or "none",
@@ -135,7 +140,9 @@ def telemetry(context: dg.AssetExecutionContext, state: StateResource,
 
 
 class TelemetryTranslator(DagsterDbtTranslator):
-    """dbt's source `telemetry.telemetry_events` is the `telemetry` asset; models in analytics."""
+    """dbt's source `telemetry.telemetry_events` is the `telemetry` asset; models in analytics.
+    (Source `telemetry.ledger_bills` is written by the same asset, but Dagster wants one dbt
+    resource per key: it stays its own key, `telemetry/ledger_bills`.)"""
 
     def get_asset_key(self, dbt_resource_props) -> dg.AssetKey:
         if (dbt_resource_props.get("resource_type") == "source"

@@ -260,15 +260,16 @@ StoredLines = dict[tuple[int, int, str], int]  # (rank, segment, segment_key) ->
 
 
 def _stored_lines(run_id: str, db_path: Path, lock_timeout_s: float) -> StoredLines:
-    """How many lines of each segment of a run the store holds (empty without a store)."""
+    """How many lines of each segment of a run the store holds, as a first look (empty without
+    a store): `ingest` counts again under the write lock, and that count decides."""
     if not db_path.exists():
         return {}
-    with connect_with_retry(db_path, read_only=True, lock_timeout_s=lock_timeout_s) as con:
-        try:
+    try:
+        with connect_with_retry(db_path, read_only=True, lock_timeout_s=lock_timeout_s) as con:
             rows = con.execute(f"SELECT rank, segment, segment_key, count(*) FROM {TABLE} "
                                "WHERE run_id = ? GROUP BY ALL", [run_id]).fetchall()
-        except duckdb.Error:  # no table yet, or the first schema (no segment_key): parse all
-            return {}
+    except duckdb.Error:  # no table yet, the first schema (no segment_key), or a file another
+        return {}  # ingest is creating right now: decode all, the count under the lock decides
     return {(rank, segment, key): lines for rank, segment, key, lines in rows}
 
 

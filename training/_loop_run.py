@@ -144,7 +144,8 @@ class LoopRun:
         self._elapsed_before_s = self.run.elapsed_s
         if self.ledger is not None:  # set-up is done: from here on the ledger has the clock
             self._tick_clock()
-            self.ledger.commit("start", step=self.run.step, elapsed_s=self.run.elapsed_s)
+            self.ledger.commit("start", step=self.run.step, elapsed_s=self.run.elapsed_s,
+                               price_usd_per_hour=float(self.config.price_usd_per_hour))
         self.persister = CheckpointPersister(
             self.out_dir / "checkpoints", keep=self.config.keep_checkpoints,
             on_checkpoint=self.on_checkpoint,

@@ -152,6 +152,8 @@ class LedgerLine:
     checkpoint_step: int | None = None
     checkpoint_elapsed_s: float | None = None
     sha256: str | None = None
+    # kind "start": the hourly price the process bills at (None: a line written before it was kept)
+    price_usd_per_hour: float | None = None
     skipped: int = 0  # lines missing right before it (its `prev` is not the line before)
     plausible: bool = True
     why: str = ""  # why not plausible
@@ -257,10 +259,15 @@ def _parse(raw: bytes, key: bytes, run_id: str, rank: int) -> LedgerLine | str:
             return "a checkpoint line without a sound checkpoint step, clock and sha256"
         checkpoint = {"checkpoint_step": step, "checkpoint_elapsed_s": float(clock),
                       "sha256": sha}
+    price = fields.get("price_usd_per_hour")
+    if price is not None and (type(price) not in (int, float) or not math.isfinite(price)
+                              or price < 0):
+        return "a start line with a negative, non-finite or mistyped price"
     return LedgerLine(n=fields["n"], proc=fields["proc"], kind=fields["kind"],
                       step=fields["step"], elapsed_s=elapsed_s, wall_time_s=wall_time_s,
                       mac=fields["mac"], prev=fields["prev"],
-                      record=record if isinstance(record, dict) else None, **checkpoint)
+                      record=record if isinstance(record, dict) else None,
+                      price_usd_per_hour=None if price is None else float(price), **checkpoint)
 
 
 @dataclass
@@ -489,7 +496,8 @@ class LedgerWriter:
                record: dict[str, Any] | None = None, sync: bool = False,
                **extra: Any) -> None:
         """Appends one line (or keeps it pending while the disk refuses). `extra`: the fields
-        of a `checkpoint` line (checkpoint_step, checkpoint_elapsed_s, sha256)."""
+        of a `checkpoint` line (checkpoint_step, checkpoint_elapsed_s, sha256), or a `start`
+        line's price_usd_per_hour (the bill's price: under the mac, unlike telemetry's)."""
         fields: dict[str, Any] = {
             "v": FORMAT_VERSION, "run_id": self.run_id, "rank": self.rank, "n": self._next_n,
             "proc": self.proc, "kind": kind, "step": int(step), "elapsed_s": float(elapsed_s),

@@ -486,10 +486,12 @@ def _ingest(telemetry_dir: Path, duckdb_path: Path, run_dir: Path, run_id: str
     """(events ingested, pending text). A finished training never fails here: a busy or broken
     DuckDB is recorded in `ingest_pending.json` and `trainwise ingest RUN_ID` redoes it."""
     from telemetry import store as telemetry_store
+    from trainwise.ledger_bill import store_ledger_bills
 
     marker = run_dir / INGEST_PENDING_NAME
     try:
         ingested = telemetry_store.ingest(telemetry_dir, duckdb_path)
+        store_ledger_bills(telemetry_dir, duckdb_path)  # the bill dbt reports (issue 31)
     except Exception as error:  # noqa: BLE001 - any ingest failure must leave training intact
         pending = (f"telemetry ingest into {duckdb_path} failed ({type(error).__name__}: "
                    f"{error}); the telemetry files are kept in {telemetry_dir}; re-ingest with "
@@ -827,7 +829,9 @@ def reingest(state_dir: Path, run_id: str, duckdb_path: Path) -> int:
         raise FileNotFoundError(f"no telemetry for run {run_id!r} in {telemetry_dir}; "
                                 "`trainwise explain` lists the run ids it finds")
     from telemetry import store as telemetry_store
+    from trainwise.ledger_bill import store_ledger_bills
 
     ingested = telemetry_store.ingest(telemetry_dir, Path(duckdb_path))
+    store_ledger_bills(telemetry_dir, Path(duckdb_path))
     (run_dir / INGEST_PENDING_NAME).unlink(missing_ok=True)
     return ingested
