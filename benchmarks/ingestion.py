@@ -20,8 +20,8 @@ not CPU time) with a peak RSS of at most GOAL_PEAK_RSS_MIB, for 1M events (`--fu
 report's verdict line says whether both are met; the process exits 1 only when the ingest is
 not idempotent (a wrong result, not a slow one).
 
-    python -m benchmarks.ingestion            # 200K events, 3 repeats (~1 min idle, 2 cores)
-    python -m benchmarks.ingestion --full     # 1M events, 5 repeats (~4 min idle)
+    python -m benchmarks.ingestion            # 200K events, 3 repeats (~40 s idle, 2 cores)
+    python -m benchmarks.ingestion --full     # 1M events, 5 repeats (~2.5 min idle)
 
 Writes benchmarks/results/ingestion.json and .md (through `benchmarks.results_io`).
 """
