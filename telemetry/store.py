@@ -226,6 +226,28 @@ def _holder(message: str) -> str:
     return f"pid {pid} ({cmdline[:200] or program})"
 
 
+def _create_whole(db_path: Path) -> None:
+    """Creates a missing database file whole: an empty DuckDB database made under a temp name,
+    then hard-linked into place. A process that opens the path therefore never meets a file
+    another process is still creating (seen as "exists, but it is not a valid DuckDB database
+    file" when several ingests started on a new store at once); `os.link` never replaces a file
+    that another process linked first."""
+    if db_path.exists():
+        return
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    handle, name = tempfile.mkstemp(prefix=f".{db_path.name}.", suffix=".new", dir=db_path.parent)
+    os.close(handle)
+    tmp = Path(name)
+    try:
+        tmp.unlink()  # DuckDB refuses an existing empty file: it must create the file itself
+        duckdb.connect(str(tmp)).close()
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, db_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+        Path(f"{tmp}.wal").unlink(missing_ok=True)
+
+
 def connect_with_retry(
     db_path: str | Path,
     *,
@@ -236,6 +258,8 @@ def connect_with_retry(
     """`duckdb.connect`, waiting out a lock held by another process (backoff 50 ms .. 2 s)."""
     deadline = time.monotonic() + lock_timeout_s
     delay_s = 0.05
+    if not read_only:
+        _create_whole(Path(db_path))
     while True:
         try:
             return duckdb.connect(str(db_path), read_only=read_only)

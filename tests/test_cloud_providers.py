@@ -130,8 +130,15 @@ ready.write_text('up')
 while True:
     time.sleep(0.01)
 """
-_IGNORES_SIGTERM = _TRAPS_SIGTERM.replace("signal.signal(signal.SIGTERM, stop)",
-                                          "signal.signal(signal.SIGTERM, signal.SIG_IGN)")
+# Takes SIGTERM, says so in the `.term` file, and carries on: the notice is ignored.
+_IGNORES_SIGTERM = _TRAPS_SIGTERM.replace("    sys.exit(0)\n", "")
+
+
+def _wait_for(predicate, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s:.0f} s"
+        time.sleep(0.01)
 
 
 def _node_process(tmp_path: Path, code: str) -> tuple[subprocess.Popen, Path]:
@@ -164,11 +171,12 @@ def test_a_process_that_ignores_the_notice_is_killed_when_it_runs_out(tmp_path):
     provider = _provider([1, 0, 0, 0])
     provider.advance_to(0.0)
     (node,) = provider.launch("us-east-1a", "p3.2xlarge", "spot", 1)
-    process, _ = _node_process(tmp_path, _IGNORES_SIGTERM)
+    process, ready = _node_process(tmp_path, _IGNORES_SIGTERM)
     provider.attach_process(node, process)
     provider.advance_to(195.0)  # notice
-    time.sleep(0.3)
-    assert process.poll() is None  # SIGTERM ignored
+    term = ready.with_suffix(".term")
+    _wait_for(term.exists, "the node process received the notice's SIGTERM")
+    assert term.read_text() == "SIGTERM" and process.poll() is None  # SIGTERM ignored
     events = provider.advance_to(195.0 + 120.0)
     assert process.poll() == -9  # SIGKILL at the end of the notice
     assert [(e.state, e.at_s) for e in events] == [(NodeState.RECLAIMED, 315.0)]

@@ -1,6 +1,5 @@
 """ObjectStoreResource through dagster-aws against a real moto_server on loopback."""
 
-import time
 
 import boto3
 import pytest
@@ -80,15 +79,18 @@ def test_reachability_checks_against_moto(moto_url, aws_env, monkeypatch):
     ObjectStoreResource().store().check_reachable()
 
 
-def test_closed_endpoint_fails_fast_naming_bucket_endpoint_and_settings(aws_env):
+def test_closed_endpoint_fails_fast_naming_bucket_endpoint_and_settings(aws_env, monkeypatch):
     from trainwise.services import ServiceUnreachableError
 
     endpoint = f"http://127.0.0.1:{servers.free_port()}"  # nothing listens there
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-    started = time.monotonic()
+    # boto3's own retries (with backoff) start at head_bucket: the TCP probe must stop it first.
+    heads = []
+    monkeypatch.setattr(client, "head_bucket", lambda **kwargs: heads.append(kwargs))
     with pytest.raises(ServiceUnreachableError) as caught:
         S3ObjectStore(client, "trainwise-ckpt").check_reachable()
-    assert time.monotonic() - started < 2.0
+    assert heads == [], "refused by the TCP probe, before any S3 request"
+    assert isinstance(caught.value.__cause__, ConnectionRefusedError)
     message = str(caught.value)
     for needle in ("trainwise-ckpt", endpoint, "TRAINWISE_S3_BUCKET", "TRAINWISE_S3_ENDPOINT_URL"):
         assert needle in message

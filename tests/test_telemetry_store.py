@@ -116,3 +116,31 @@ def test_canonical_payloads_keeps_canonical_lines_and_reencodes_the_others():
     spaced = ['{"a": 1.5, "b": "x y"}', texts[1]]
     assert canonical_payloads(records, spaced) == texts
     assert canonical_payloads(records, None) == texts
+
+
+def test_a_new_database_appears_at_its_path_whole(tmp_path, monkeypatch):
+    """Concurrent first ingests once met a file another process was still creating ("not a
+    valid DuckDB database file"): the file is made under a temp name and linked in whole."""
+    import os
+    from pathlib import Path
+
+    from telemetry import store
+
+    linked = []
+    real_link = os.link
+
+    def checking_link(source, target):
+        with duckdb.connect(str(source), read_only=True):  # already a valid database
+            pass
+        linked.append(Path(target).name)
+        real_link(source, target)
+
+    monkeypatch.setattr(store.os, "link", checking_link)
+    db = tmp_path / "new.duckdb"
+    with store.connect_with_retry(db) as con:
+        con.execute("CREATE TABLE t (a INTEGER)")
+    assert linked == ["new.duckdb"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.duckdb"]  # no temp file left
+    with store.connect_with_retry(db) as con:  # an existing file is opened as it is
+        assert con.execute("SELECT count(*) FROM t").fetchone() == (0,)
+    assert linked == ["new.duckdb"]
