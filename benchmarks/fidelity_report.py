@@ -160,7 +160,7 @@ Known rule differences: {payload['rule_differences']}
 
 NOT_COVERED = (
     "the gang's 4 ranks are ONE trainer process in the emulated run (standing for the gang's work "
-    "at the full gang's rate; `trainwise.gang.TorchrunGang` runs real ranks but replaces a lost "
+    "at the full gang's rate; `trainwise.torchrun_gang.TorchrunGang` runs real ranks but replaces a lost "
     "node in place rather than following an allocation policy), so rank skew, stragglers and "
     "all-reduce cost are not measured; a gang across several zones (the 4-node trace's files are "
     "not known to start at the same instant) and node faults are not replayed.")

@@ -444,3 +444,15 @@ def scaled_curve(curve: HazardCurve, factor: float) -> HazardCurve:
     """`curve` with every age bin's rate times `factor` (time of day kept)."""
     return HazardCurve(curve.age_edges_s, tuple(r * factor for r in curve.rate_per_h),
                        curve.hour_factor, curve.events, curve.exposure_h)
+
+
+def observed_reclaim_risk(reclaims: int, observed_s: float, spot_nodes: int,
+                    horizon_s: float = 600.0) -> float:
+    """P(a reclaim within `horizon_s`) from the run's observed hazard (Poisson): reclaims per
+    second of training seen so far, with half a reclaim added while none has been seen (a spot
+    run that was not reclaimed yet is not risk-free). On-demand only: 0."""
+    if spot_nodes <= 0:
+        return 0.0
+    count = reclaims if reclaims > 0 else 0.5
+    hazard_per_s = count / max(observed_s, horizon_s)
+    return float(1.0 - math.exp(-hazard_per_s * horizon_s))

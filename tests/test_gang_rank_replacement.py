@@ -37,7 +37,7 @@ from tests.test_training_ddp import free_port
 from tests.test_training_loop import TINY_GPT, tiny_config
 from training.checkpoint import load_checkpoint
 from training.ddp_worker import model_spec, torchrun_command
-from trainwise import gang
+from trainwise import gang, torchrun_gang
 
 REPO = Path(__file__).resolve().parents[1]
 ZONE, INSTANCE = "us-east-1a", "p3.2xlarge"
@@ -105,7 +105,7 @@ def test_reclaim_of_one_nodes_rank_replaces_only_that_node_in_its_place(tmp_path
 
 def test_a_gang_of_one_node_per_rank_is_required(tmp_path):
     gang_session = session(provider([2] * 100, 0.01), tmp_path, nodes=1)
-    driver = gang.TorchrunGang(gang_session, {}, tmp_path, tmp_path / "store", "ckpt", nproc=2)
+    driver = torchrun_gang.TorchrunGang(gang_session, {}, tmp_path, tmp_path / "store", "ckpt", nproc=2)
     with pytest.raises(ValueError, match=r"1 node\(s\) for 2 rank\(s\).*nodes=2"):
         driver.run()
 
@@ -114,7 +114,7 @@ class FakeSegments:
     """The driver's torchrun segments, faked: the first trains until the provider's notice and
     stops preempted at step 3, the next completes (or each ends as `outcomes` say)."""
 
-    def __init__(self, driver: gang.TorchrunGang, outcomes: list[str]) -> None:
+    def __init__(self, driver: torchrun_gang.TorchrunGang, outcomes: list[str]) -> None:
         self.driver, self.outcomes, self.resumed = driver, list(outcomes), []
         self.told: list[list[int]] = []
         driver._segment = self.segment  # type: ignore[method-assign]
@@ -143,7 +143,7 @@ class FakeSegments:
 
 def test_the_driver_replaces_the_noticed_rank_and_resumes_from_the_restored_disk(tmp_path):
     cloud = provider([2] * DROP_TICK + [1] * 10_000, seconds_per_tick=0.01)
-    driver = gang.TorchrunGang(session(cloud, tmp_path / "run"), {}, tmp_path / "work",
+    driver = torchrun_gang.TorchrunGang(session(cloud, tmp_path / "run"), {}, tmp_path / "work",
                                tmp_path / "store", "ckpt", nproc=2)
     fake = FakeSegments(driver, ["preempted", "completed"])
     found = driver.run()
@@ -160,7 +160,7 @@ def test_the_driver_replaces_the_noticed_rank_and_resumes_from_the_restored_disk
 ])
 def test_a_gang_that_ends_otherwise_is_interrupted_never_completed(tmp_path, outcome, why):
     cloud = provider([2] * 10_000, seconds_per_tick=0.01)
-    driver = gang.TorchrunGang(session(cloud, tmp_path / "run"), {}, tmp_path / "work",
+    driver = torchrun_gang.TorchrunGang(session(cloud, tmp_path / "run"), {}, tmp_path / "work",
                                tmp_path / "store", "ckpt", nproc=2)
     FakeSegments(driver, [outcome if outcome == "error" else "preempted-nobody"])
     found = driver.run()
@@ -194,7 +194,7 @@ def gang_runs(tmp_path_factory) -> dict[str, Any]:
         env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     cloud = provider([2] * DROP_TICK + [1] * 10_000, seconds_per_tick=0.5)
-    driver = gang.TorchrunGang(session(cloud, tmp / "run"), spec(tmp / "run", 150.0),
+    driver = torchrun_gang.TorchrunGang(session(cloud, tmp / "run"), spec(tmp / "run", 150.0),
                                tmp / "work", tmp / "store", "checkpoints/gang", nproc=2,
                                timeout_s=240)
     found = driver.run()

@@ -60,7 +60,13 @@ from training._loop_persist import (
     snapshot_copy,
 )
 from training._loop_state import RunState, build_state
-from training._loop_step import evaluate, fixed_eval_batches, tokens_per_example, train_step
+from training._loop_step import (
+    StepOutcome,
+    evaluate,
+    fixed_eval_batches,
+    tokens_per_example,
+    train_step,
+)
 from training.data_types import Curriculum, ExampleSet
 from training.ledger import LedgerWriter
 from training.live_control import LIVE_CONTROL_FILE
@@ -345,21 +351,17 @@ class LoopRun:
         return status
 
     def _step(self) -> dict[str, Any]:
+        """One optimizer step: the update (`_update`, the hook a torchrun rank overrides), the
+        counters, the step event. The rest of the step boundary is `_execute`'s."""
         began = time.perf_counter()
         learning_rate = self._learning_rate()
         micro, accum = self.run.micro_batch_size, self.run.grad_accum_steps
-        outcome = train_step(
-            model=self.model, optimizer=self.optimizer, sampler=self.sampler,
-            examples=self.examples, step=self.run.step, learning_rate=learning_rate,
-            micro_batch_size=micro, grad_accum_steps=accum, grad_clip=self.config.grad_clip,
-            noise_scale=self.run.noise_scale,
-        )
+        outcome, noise, event_extra = self._update(learning_rate, micro, accum)
         self.run.step += 1
         self.run.samples_seen += micro * accum
         self.run.tokens_seen += micro * accum * self._tokens_per_example
         step_time_ms = (time.perf_counter() - began) * 1000.0
         self._tick_clock()
-        noise = self.run.noise_scale.value if accum >= 2 else math.nan
         last = {
             "train_loss": outcome.train_loss, "learning_rate": learning_rate,
             "grad_norm": outcome.grad_norm, "grad_noise_scale": noise, "micro_batch_size": micro,
@@ -369,17 +371,29 @@ class LoopRun:
             run_id=self.run.run_id, rank=self.rank, step=self.run.step,
             samples_seen=self.run.samples_seen, tokens_seen=self.run.tokens_seen,
             elapsed_s=self.run.elapsed_s, cost_usd=self.run.cost_usd,
-            sampler_phase=self.sampler.phase, **last,
+            sampler_phase=self.sampler.phase, **event_extra, **last,
         ))
         self._last = last
         return last
 
-    def _fast_tick(
-        self, last: dict[str, Any], *, notice_s: float | None, apply: bool
-    ) -> PreemptionResponse:
-        """Asks the fast policy, records the decision, applies it if `apply`."""
-        self._tick_clock()
-        observation = fast.build_observation(
+    # Hooks a torchrun rank (training.distributed.DistributedLoopRun) overrides; the loop
+    # itself (`_execute`, `_step`, `_fast_tick`) is written once.
+    def _update(self, learning_rate: float, micro: int,
+                accum: int) -> tuple[StepOutcome, float, dict[str, Any]]:
+        """The model update of one step: (outcome, gradient noise scale, extra step-event
+        fields). One process: the whole global batch, noise measured when accum >= 2."""
+        outcome = train_step(
+            model=self.model, optimizer=self.optimizer, sampler=self.sampler,
+            examples=self.examples, step=self.run.step, learning_rate=learning_rate,
+            micro_batch_size=micro, grad_accum_steps=accum, grad_clip=self.config.grad_clip,
+            noise_scale=self.run.noise_scale,
+        )
+        noise = self.run.noise_scale.value if accum >= 2 else math.nan
+        return outcome, noise, {}
+
+    def _observation(self, last: dict[str, Any], notice_s: float | None) -> Any:
+        """What the fast policy sees at a tick (a gang adds every rank's step time)."""
+        return fast.build_observation(
             step=self.run.step, elapsed_s=self.run.elapsed_s, train_loss=last["train_loss"],
             grad_norm=last["grad_norm"], grad_noise_scale=last["grad_noise_scale"],
             micro_batch_size=self.run.micro_batch_size,
@@ -388,21 +402,46 @@ class LoopRun:
             seconds_since_checkpoint=self.run.elapsed_s - self.run.last_checkpoint_elapsed_s,
             checkpoint_cost_s=self.run.last_checkpoint_cost_s, preemption_risk=self._risk,
         )
-        name = str(getattr(self.policy, "name", type(self.policy).__name__))
+
+    def _decide(self, observation: Any) -> tuple[Any, dict[str, float] | None]:
+        """The fast policy's action, validated, and the extra numbers of its decision record
+        (None: this process does not write the record; a gang's rank 0 writes it)."""
         action = self.policy.act(observation)
-        fast.validate_action(action, name)
+        fast.validate_action(action, self._policy_name())
+        return action, {}
+
+    def _apply_fast(self, action: Any, learning_rate: float) -> None:
+        """The action's levers, in force from the next step."""
+        self.run.micro_batch_size = int(action.micro_batch_size)
+        self.run.grad_accum_steps = int(action.grad_accum_steps)
+        # The policy's rate rescales the schedule, so warmup/cosine carry on around it;
+        # an unchanged rate gives a factor of exactly 1.0 (bitwise no-op).
+        if action.learning_rate != learning_rate:
+            self.run.lr_scale *= action.learning_rate / learning_rate
+
+    def _gang_share(self, value: Any) -> Any:
+        """Rank 0's value on every rank (a gang broadcasts it); a single process keeps its own."""
+        return value
+
+    def _policy_name(self) -> str:
+        return str(getattr(self.policy, "name", type(self.policy).__name__))
+
+    def _fast_tick(
+        self, last: dict[str, Any], *, notice_s: float | None, apply: bool
+    ) -> PreemptionResponse:
+        """Asks the fast policy, applies its action if `apply`, records the decision."""
+        self._tick_clock()
+        observation = self._observation(last, notice_s)
+        action, numbers = self._decide(observation)
         if apply:  # before the record: a failed write must not leave the decision unapplied
-            self.run.micro_batch_size = int(action.micro_batch_size)
-            self.run.grad_accum_steps = int(action.grad_accum_steps)
-            # The policy's rate rescales the schedule, so warmup/cosine carry on around it;
-            # an unchanged rate gives a factor of exactly 1.0 (bitwise no-op).
-            if action.learning_rate != observation.learning_rate:
-                self.run.lr_scale *= action.learning_rate / observation.learning_rate
-        self.write(DecisionEvent(
-            run_id=self.run.run_id, rank=self.rank, step=self.run.step, layer="fast", policy=name,
-            action=fast.action_record(action), reason=action.reason,
-            numbers=dict(action.numbers), observation=fast.observation_record(observation),
-        ))
+            self._apply_fast(action, last["learning_rate"])
+        if numbers is not None:
+            self.write(DecisionEvent(
+                run_id=self.run.run_id, rank=self.rank, step=self.run.step, layer="fast",
+                policy=self._policy_name(), action=fast.action_record(action),
+                reason=action.reason, numbers={**action.numbers, **numbers},
+                observation=fast.observation_record(observation),
+            ))
         return action.preemption_response
 
     def _notice_left_s(self, notice: fast.PreemptionSignal) -> float:
@@ -474,15 +513,6 @@ class LoopRun:
             return bool(every) and self.run.step % every == 0
         last = self._checkpoint_step if self._checkpoint_step is not None else self._start_step
         return self.run.step - last >= self._interval_steps
-
-    def _gang_share(self, value: Any) -> Any:
-        """Rank 0's value on every rank (torchrun); a single process keeps its own."""
-        ctx = getattr(self, "ctx", None)
-        if ctx is None or getattr(ctx, "world_size", 1) <= 1:
-            return value
-        from training.distributed import broadcast_object  # imports this module: not at the top
-
-        return broadcast_object(value, ctx)
 
     def _past_interruptions(self) -> int:
         """Preempted or migrated ends this run recorded before (the observed hazard)."""

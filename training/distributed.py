@@ -47,8 +47,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from controllers.fast_types import PreemptionResponse
-from telemetry.events import DecisionEvent, StepEvent
 from training import _loop_fast as fast
 from training._loop_persist import CheckpointWriteError
 from training._loop_run import LoopRun
@@ -309,11 +307,11 @@ class DistributedLoopRun(LoopRun):
             notice.notify(f"SIGTERM to rank {self._gang_notice_rank} (gang notice)")
         return True
 
-    def _step(self) -> dict[str, Any]:
+    def _update(self, learning_rate: float, micro: int,
+                accum: int) -> tuple[StepOutcome, float, dict[str, Any]]:
+        """This rank's part of the global batch, then the collective reduce; the per-step
+        exchange carries the notice and telemetry flags (no gradient noise scale: nan)."""
         assert self.ctx is not None and self.ddp is not None
-        began = time.perf_counter()
-        learning_rate = self._learning_rate()
-        micro, accum = self.run.micro_batch_size, self.run.grad_accum_steps
         # Notice flag: 1 + the rank that got it (0: none), so the max names one of them.
         flags = (float(self.rank + 1) if self._local_notice else 0.0,
                  float(self.telemetry_error is not None))
@@ -326,77 +324,44 @@ class DistributedLoopRun(LoopRun):
         self._gang_notice_rank = int(done.flags[0]) - 1 if done.flags[0] > 0 else None
         self._gang_telemetry_failed = done.flags[1] > 0
         self._rank_times_ms = done.compute_ms
-        self.run.step += 1
-        self.run.samples_seen += micro * accum
-        self.run.tokens_seen += micro * accum * self._tokens_per_example
-        step_time_ms = (time.perf_counter() - began) * 1000.0
-        self._tick_clock()
-        last = {
-            "train_loss": done.outcome.train_loss, "learning_rate": learning_rate,
-            "grad_norm": done.outcome.grad_norm, "grad_noise_scale": math.nan,
-            "micro_batch_size": micro, "grad_accum_steps": accum, "step_time_ms": step_time_ms,
-        }
         mine = done.counts[self.rank]
-        self.write(StepEvent(
-            run_id=self.run.run_id, rank=self.rank, step=self.run.step,
-            samples_seen=self.run.samples_seen, tokens_seen=self.run.tokens_seen,
-            elapsed_s=self.run.elapsed_s, cost_usd=self.run.cost_usd,
-            sampler_phase=self.sampler.phase, world_size=self.ctx.world_size,
-            share=mine / accum, micro_batches=mine, compute_ms=done.compute_ms[self.rank],
-            allreduce_wait_ms=done.wait_ms, allreduce_ms=done.allreduce_ms, **last,
-        ))
-        self._last = last
-        return last
+        return done.outcome, math.nan, {
+            "world_size": self.ctx.world_size, "share": mine / accum, "micro_batches": mine,
+            "compute_ms": done.compute_ms[self.rank], "allreduce_wait_ms": done.wait_ms,
+            "allreduce_ms": done.allreduce_ms}
 
-    def _fast_tick(
-        self, last: dict[str, Any], *, notice_s: float | None, apply: bool
-    ) -> PreemptionResponse:
-        """Rank 0 asks the policy with every rank's step time; all ranks apply its answer."""
+    def _observation(self, last: dict[str, Any], notice_s: float | None) -> Any:
+        return dataclasses.replace(super()._observation(last, notice_s),
+                                   rank_step_time_ms=self._rank_times_ms)
+
+    def _decide(self, observation: Any) -> tuple[Any, dict[str, float] | None]:
+        """Rank 0 asks the policy with every rank's step time and broadcasts the action (or
+        its error, re-raised on every rank); rank 0 alone writes the decision record."""
         assert self.ctx is not None
-        self._tick_clock()
-        record: dict[str, Any] | None = None
-        if self.rank == 0:
-            observation = dataclasses.replace(fast.build_observation(
-                step=self.run.step, elapsed_s=self.run.elapsed_s, train_loss=last["train_loss"],
-                grad_norm=last["grad_norm"], grad_noise_scale=last["grad_noise_scale"],
-                micro_batch_size=self.run.micro_batch_size,
-                grad_accum_steps=self.run.grad_accum_steps, learning_rate=last["learning_rate"],
-                step_time_ms=last["step_time_ms"], preemption_notice_s=notice_s,
-                seconds_since_checkpoint=self.run.elapsed_s - self.run.last_checkpoint_elapsed_s,
-                checkpoint_cost_s=self.run.last_checkpoint_cost_s, preemption_risk=self._risk,
-            ), rank_step_time_ms=self._rank_times_ms)
-            name = str(getattr(self.policy, "name", type(self.policy).__name__))
-            decided = time.perf_counter()
-            try:
-                action = self.policy.act(observation)
-                fast.validate_action(action, name, self.ctx.world_size)
-                micro_counts(int(action.grad_accum_steps), action.rank_work_shares)
-            except Exception as error:  # noqa: BLE001 - re-raised on every rank below
-                broadcast_object({"error": repr(error)}, self.ctx)
-                raise
-            decision_ms = (time.perf_counter() - decided) * 1000.0
-            record = {"action": action, "name": name, "observation": observation,
-                      "decision_ms": decision_ms}
-            broadcast_object({"action": action}, self.ctx)
-        else:
+        if self.rank != 0:
             answer = broadcast_object(None, self.ctx)
             if "error" in answer:
                 raise RuntimeError(f"rank 0's fast policy failed: {answer['error']}")
-            action = answer["action"]
-        if apply:
-            if action.learning_rate != last["learning_rate"]:
-                self.run.lr_scale *= action.learning_rate / last["learning_rate"]
-            self.run.micro_batch_size = int(action.micro_batch_size)
-            self.run.grad_accum_steps = int(action.grad_accum_steps)
-            self.run.rank_work_shares = [float(s) for s in action.rank_work_shares]
-        if record is not None:
-            self.write(DecisionEvent(
-                run_id=self.run.run_id, rank=0, step=self.run.step, layer="fast",
-                policy=record["name"], action=fast.action_record(action), reason=action.reason,
-                numbers={**action.numbers, "decision_ms": record["decision_ms"]},
-                observation=fast.observation_record(record["observation"]),
-            ))
-        return action.preemption_response
+            return answer["action"], None
+        decided = time.perf_counter()
+        try:
+            action = self.policy.act(observation)
+            fast.validate_action(action, self._policy_name(), self.ctx.world_size)
+            micro_counts(int(action.grad_accum_steps), action.rank_work_shares)
+        except Exception as error:  # noqa: BLE001 - re-raised on every rank below
+            broadcast_object({"error": repr(error)}, self.ctx)
+            raise
+        decision_ms = (time.perf_counter() - decided) * 1000.0
+        broadcast_object({"action": action}, self.ctx)
+        return action, {"decision_ms": decision_ms}
+
+    def _apply_fast(self, action: Any, learning_rate: float) -> None:
+        super()._apply_fast(action, learning_rate)
+        self.run.rank_work_shares = [float(s) for s in action.rank_work_shares]
+
+    def _gang_share(self, value: Any) -> Any:
+        assert self.ctx is not None
+        return value if self.ctx.world_size <= 1 else broadcast_object(value, self.ctx)
 
     def _checkpoint(self, reason: str) -> None:
         """One checkpoint for the gang: every rank's sampler position and RNGs are gathered to

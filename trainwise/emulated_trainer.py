@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cloud import emulated as replay
 from cloud.providers.base import NodeHandle
+from controllers.preemption_risk import observed_reclaim_risk
 from telemetry.reader import read_run_events
 from training.safe_files import replace_with_new, write_atomic
 from trainwise import settings
@@ -104,7 +105,7 @@ class _TrainerProcesses:
     # -- processes --------------------------------------------------------------------------
     def trainer_risk(self) -> float | None:
         """The preemption risk a new trainer's fast layer starts with (None without a fast
-        layer): the train job's rule (`trainwise.slow_tick.preemption_risk`: reclaims seen so far
+        layer): the train job's rule (`controllers.preemption_risk.observed_reclaim_risk`: reclaims seen so far
         over the time observed, half a reclaim while none is seen, 0 on on-demand only), on the
         trainer's clock. Trainers run at replay speed, so the observed time is the clock's
         emulated seconds in this machine's seconds (`ReplayClock.wall_s`): the hazard per wall
@@ -112,10 +113,8 @@ class _TrainerProcesses:
         replacement trainer gets the risk with every reclaim so far counted."""
         if self.fast_policy is None:
             return None
-        from trainwise.slow_tick import preemption_risk
-
         held = self.held
-        return preemption_risk(len(self.preemption_times), self.clock.wall_s(self.clock.now_s),
+        return observed_reclaim_risk(len(self.preemption_times), self.clock.wall_s(self.clock.now_s),
                                held.spot_nodes if held is not None else 0)
 
     def spawn(self) -> None:

@@ -12,7 +12,7 @@ notice, so the provider SIGKILLs it; the signal is blocked before torch starts i
 no thread can take it), and "store_dir" + "store_key_prefix" (an object store folder, the
 `LocalObjectStore` layout): every checkpoint is uploaded as it is written (drained before the
 process exits), and "resume_from": "store" restores the store's newest committed checkpoint
-into this node's empty checkpoint folder first (`trainwise.emulated.restore_from_store`).
+into this node's empty checkpoint folder first (`trainwise.emulated_store.restore_from_store`).
 
 Fast layer: optional "fast_policy" (a name of `trainwise.runs.FAST_POLICIES`; absent or null =
 no fast policy, the loop's no-op) is passed to `training.loop.train` as `trainwise.runs` does,
@@ -193,7 +193,7 @@ def run_job(job: dict[str, Any], guard: SigtermOutsideTheLoop | None = None) -> 
         feed_preemption_risk(Path(job["run_dir"]), risk, config.live_control_path)
     uploader, resume_from, restored_step = None, job["resume_from"], None
     if job.get("store_dir"):
-        from trainwise.emulated import restore_from_store
+        from trainwise.emulated_store import restore_from_store
         from trainwise.object_store import CheckpointUploader, LocalObjectStore
 
         store = LocalObjectStore(Path(job["store_dir"]))

@@ -448,7 +448,7 @@ def _resume_point(run_dir: Path, request: TrainRequest, store: ObjectStore | Non
                 f"run_id {request.run_id!r} belongs to partition {earlier!r}, not "
                 f"{request.partition!r}; choose a new run id")
     if store_status(store, request.partition, request.run_id) == "resumable":
-        from trainwise.emulated import restore_from_store
+        from trainwise.emulated_store import restore_from_store
 
         point = restore_from_store(store, checkpoint_prefix(request.partition, request.run_id),
                                    run_dir / "checkpoints")
@@ -512,7 +512,7 @@ def _new_node_disk(uploader: Any, store: ObjectStore, request: TrainRequest, run
     note says so. Returns (a new uploader, the folder to resume from, notes)."""
     import shutil
 
-    from trainwise.emulated import restore_from_store
+    from trainwise.emulated_store import restore_from_store
     from trainwise.object_store import CheckpointUploader
 
     prefix = checkpoint_prefix(request.partition, request.run_id)

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+# The train job's risk rule; re-exported here, where the tests and benchmarks name it.
+from controllers.preemption_risk import observed_reclaim_risk as preemption_risk
 from controllers.slow_heuristic import HeuristicSlowPolicy
 from controllers.slow_types import (
     ClusterSummary,
@@ -74,18 +76,6 @@ def data_summary(scores_loss: np.ndarray) -> DataSummary:
     return DataSummary(num_examples=int(scores_loss.size), mean_loss_score=mean,
                        std_loss_score=float(scores_loss.std()),
                        share_below_mean=float((scores_loss < mean).mean()))
-
-
-def preemption_risk(reclaims: int, observed_s: float, spot_nodes: int,
-                    horizon_s: float = 600.0) -> float:
-    """P(a reclaim within `horizon_s`) from the run's observed hazard (Poisson): reclaims per
-    second of training seen so far, with half a reclaim added while none has been seen (a spot
-    run that was not reclaimed yet is not risk-free). On-demand only: 0."""
-    if spot_nodes <= 0:
-        return 0.0
-    count = reclaims if reclaims > 0 else 0.5
-    hazard_per_s = count / max(observed_s, horizon_s)
-    return float(1.0 - math.exp(-hazard_per_s * horizon_s))
 
 
 def observe(events: list[dict[str, Any]], request: dict[str, Any],

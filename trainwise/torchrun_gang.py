@@ -219,7 +219,7 @@ class TorchrunGang:
         the local copy is kept (trained work is never dropped) and the note says so."""
         import shutil
 
-        from trainwise.emulated import restore_from_store
+        from trainwise.emulated_store import restore_from_store
         from trainwise.object_store import LocalObjectStore
 
         folder = Path(self.spec["out_dir"]) / "checkpoints"
