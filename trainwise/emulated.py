@@ -101,8 +101,9 @@ from trainwise.emulated_store import RestorePoint, restore_from_store
 from trainwise.emulated_trainer import PROVIDER_POLICY, PROVIDER_RANK, _Trainer
 
 __all__ = ["DEFAULT_TRACE_FOLDER", "DEFAULT_ZONE_FILE", "PROVIDER_POLICY", "PROVIDER_RANK",
-           "EmulatedResult", "RestorePoint", "_Emulation", "_Trainer", "restore_from_store",
-           "result_record", "risk_model_kwargs", "run_emulated"]
+           "EmulatedResult", "ReplayPlan", "ReplaySpec", "RestorePoint", "_Emulation", "_Trainer",
+           "emulated_result", "plan_replay", "restore_from_store", "result_record",
+           "risk_model_kwargs", "run_emulated", "supervise"]
 
 DEFAULT_TRACE_FOLDER = "availability-1node-aws-2023-02"
 DEFAULT_ZONE_FILE = "us-east-1a_v100_1.json"
@@ -188,6 +189,144 @@ def _train_config(run_id: str, max_steps: int, market: replay.ReplayMarket,
     return config
 
 
+@dataclass(frozen=True)
+class ReplaySpec:
+    """How the emulated cloud replays a trace for one run (see the module docstring): which
+    trace window, how fast, the deadline rule and the work model. `trainwise.runs.run_training`
+    takes one to run a job under an allocation policy; `run_emulated` builds one from its
+    arguments."""
+
+    trace_folder: str = DEFAULT_TRACE_FOLDER
+    zone_files: tuple[str, ...] = (DEFAULT_ZONE_FILE,)
+    window_start_tick: int = 0
+    seconds_per_tick: float = 0.2
+    deadline_factor: float = 2.0
+    step_wall_s_estimate: float = 0.1
+    min_notice_wall_s: float = 10.0
+    max_wall_s: float = 600.0
+    poll_s: float = 0.02
+    nodes: int = 1
+    trainer_ignores_notice: bool = False
+    freeze_after_last_step: bool = False
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise ValueError(f"nodes={self.nodes} must be >= 1 (the gang's node count)")
+        if not self.zone_files:
+            raise ValueError("zone_files is empty: give at least the home zone's trace file")
+        if len(set(self.zone_files)) != len(self.zone_files):
+            raise ValueError(f"zone_files {list(self.zone_files)} repeat a file: give each zone "
+                             "once")
+        if not (self.seconds_per_tick > 0 and self.deadline_factor >= 1.0
+                and self.step_wall_s_estimate > 0):
+            raise ValueError(
+                f"seconds_per_tick={self.seconds_per_tick} and step_wall_s_estimate="
+                f"{self.step_wall_s_estimate} must be > 0, deadline_factor="
+                f"{self.deadline_factor} >= 1 (the deadline is a multiple of the work plus one "
+                "changeover)")
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """The markets of a spec's window, loaded, with the job's work and deadline on their clock."""
+
+    spec: ReplaySpec
+    markets: tuple[replay.ReplayMarket, ...]
+    rules: Any
+    work_total_s: float  # emulated seconds the job's max_steps take on the full gang
+    deadline_s: float
+
+    @property
+    def market(self) -> replay.ReplayMarket:
+        return self.markets[0]
+
+
+def plan_replay(spec: ReplaySpec, max_steps: int, spot_dir: Path) -> ReplayPlan:
+    """Loads the window: its length needs the deadline, the deadline the trace's tick length."""
+    if max_steps < 1:
+        raise ValueError(f"max_steps={max_steps} must be >= 1")
+    rules = replay.default_rules()
+    files = list(spec.zone_files)
+    probe = replay.load_replay_market(spec.trace_folder, files[0], spec.window_start_tick, 1,
+                                      spot_dir)
+    emulated_per_wall_s = probe.tick_s / spec.seconds_per_tick
+    work_total_s = max_steps * spec.step_wall_s_estimate * emulated_per_wall_s
+    deadline_s = spec.deadline_factor * (work_total_s + rules.changeover_s)
+    markets = tuple(replay.load_replay_market(spec.trace_folder, f, spec.window_start_tick,
+                                              replay.window_ticks(deadline_s, probe.tick_s),
+                                              spot_dir) for f in files)
+    if len({m.instance_type for m in markets}) != 1:
+        raise ValueError(f"zone_files {files} hold different instance types "
+                         f"{sorted({m.instance_type for m in markets})}: replay one shape")
+    return ReplayPlan(spec, markets, rules, work_total_s, deadline_s)
+
+
+def supervise(plan: ReplayPlan, *, policy: Any, run_id: str, run_dir: Path, shards_dir: Path,
+              train_config: dict[str, Any], max_steps: int, fast_policy: str | None = None,
+              store_dir: Path | None = None, store_key_prefix: str = "",
+              job_extra: dict[str, Any] | None = None) -> tuple[_Emulation, str]:
+    """Runs the job on the replayed market until its last step (or `max_wall_s`): `policy` (an
+    allocation policy object) decides each tick, trainer processes train and answer notices.
+    Returns the finished job state and the status ("completed" or "deadline_exceeded_wall")."""
+    spec = plan.spec
+    started = time.monotonic()
+    market = plan.market
+    run_dir.mkdir(parents=True, exist_ok=True)
+    clock = replay.ReplayClock(float(market.tick_s), spec.seconds_per_tick)
+    notice_wall_s = max(spec.min_notice_wall_s, clock.wall_s(plan.rules.notice_s))
+    markets = list(plan.markets)
+    with SegmentWriter(run_dir / "telemetry", run_id, rank=PROVIDER_RANK) as writer:
+        job = _Emulation(
+            rules=plan.rules, clock=clock,
+            markets=markets, provider=EmulatedProvider(markets, clock, plan.rules), policy=policy,
+            writer=writer, node_count=spec.nodes, fast_policy=fast_policy,
+            freeze_after_last_step=spec.freeze_after_last_step,
+            run_id=run_id, run_dir=run_dir, shards_dir=shards_dir,
+            train_config=train_config, max_steps=max_steps, work_total_s=plan.work_total_s,
+            deadline_s=plan.deadline_s, notice_wall_s=notice_wall_s,
+            trainer_ignores_notice=spec.trainer_ignores_notice, store_dir=store_dir,
+            store_key_prefix=store_key_prefix, job_extra=dict(job_extra or {}))
+        zones = [m.zone for m in markets]
+        job.record(PROVIDER_POLICY, {"event": "job", "trace": market.source, "zone": market.zone,
+                                     "zones": zones, "nodes": spec.nodes,
+                                     "instance_type": market.instance_type},
+                   f"emulated job: {max_steps} steps on {spec.nodes} x {market.instance_type} in "
+                   f"{', '.join(zones)}, "
+                   f"trace {market.source} from tick {spec.window_start_tick}, "
+                   f"{spec.seconds_per_tick} s wall per {market.tick_s} s tick",
+                   {"deadline_s": plan.deadline_s, "work_total_h": job.work_total_h,
+                    "spot_usd_per_hour": market.spot_usd_per_hour,
+                    "on_demand_usd_per_hour": market.on_demand_usd_per_hour})
+        status = "completed"
+        try:
+            job.advance(0.0)  # tick 0: the first decision
+            last_wall = time.monotonic()
+            while job.finish_s is None:
+                if time.monotonic() - started > spec.max_wall_s:
+                    status = "deadline_exceeded_wall"
+                    break
+                time.sleep(spec.poll_s)
+                now_wall = time.monotonic()
+                elapsed_wall, last_wall = now_wall - last_wall, now_wall
+                job.poll_trainer()
+                if job.finish_s is not None:
+                    break
+                if job.frozen:
+                    continue
+                if job.trainer is not None:
+                    job.read_progress()
+                    if job.frozen:
+                        continue
+                job.advance(clock.now_s + elapsed_wall * clock.emulated_per_wall_s)
+        finally:
+            if job.trainer is not None and job.trainer.process.poll() is None:
+                os.kill(job.trainer.process.pid, signal.SIGKILL)
+                job.trainer.process.wait()
+                job.node_down(job.trainer)
+            job.end_holding("stopped")
+    return job, status
+
+
 def run_emulated(
     partition: str,
     *,
@@ -238,118 +377,64 @@ def run_emulated(
 
     if max_steps < 1:
         raise ValueError(f"max_steps={max_steps} must be >= 1")
-    if nodes < 1:
-        raise ValueError(f"nodes={nodes} must be >= 1 (the gang's node count)")
-    files = list(zone_files) if zone_files else [zone_file]
-    if len(set(files)) != len(files):
-        raise ValueError(f"zone_files {files} repeat a file: give each zone once")
-    if not (seconds_per_tick > 0 and deadline_factor >= 1.0 and step_wall_s_estimate > 0):
-        raise ValueError(f"seconds_per_tick={seconds_per_tick} and step_wall_s_estimate="
-                         f"{step_wall_s_estimate} must be > 0, deadline_factor={deadline_factor} "
-                         ">= 1 (the deadline is a multiple of the work plus one changeover)")
+    spec = ReplaySpec(
+        trace_folder=trace_folder, zone_files=tuple(zone_files) if zone_files else (zone_file,),
+        window_start_tick=window_start_tick, seconds_per_tick=seconds_per_tick,
+        deadline_factor=deadline_factor, step_wall_s_estimate=step_wall_s_estimate,
+        min_notice_wall_s=min_notice_wall_s, max_wall_s=max_wall_s, poll_s=poll_s, nodes=nodes,
+        trainer_ignores_notice=trainer_ignores_notice,
+        freeze_after_last_step=freeze_after_last_step)
     started = time.monotonic()
     out_dir = Path(out_dir)
     data_dir = Path(data_dir) if data_dir is not None else settings.data_dir()
-    rules = replay.default_rules()
-    emulated_per_wall_s = 195.0 / seconds_per_tick  # refined below with the trace's tick length
     run_id = run_id or f"emulated-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
     shards_dir = out_dir / "shards" / partition
     if not (shards_dir / "manifest.json").exists():
         shards.build_shards(partition, data_dir, shards_dir)
-    # Window length needs the deadline, the deadline the tick length: read the trace's tick first.
-    probe = replay.load_replay_market(trace_folder, files[0], window_start_tick, 1,
-                                      data_dir / "spot")
-    emulated_per_wall_s = probe.tick_s / seconds_per_tick
-    work_total_s = max_steps * step_wall_s_estimate * emulated_per_wall_s
-    deadline_s = deadline_factor * (work_total_s + rules.changeover_s)
-    markets = [replay.load_replay_market(trace_folder, f, window_start_tick,
-                                         replay.window_ticks(deadline_s, probe.tick_s),
-                                         data_dir / "spot") for f in files]
-    market = markets[0]
-    if len({m.instance_type for m in markets}) != 1:
-        raise ValueError(f"zone_files {files} hold different instance types "
-                         f"{sorted({m.instance_type for m in markets})}: replay one shape")
+    plan = plan_replay(spec, max_steps, data_dir / "spot")
+    market = plan.market
     policy = make_policy(policy_name, **risk_model_kwargs(policy_name, market, trace_folder,
                                                           data_dir / "spot"))
     run_dir = out_dir / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    clock = replay.ReplayClock(float(market.tick_s), seconds_per_tick)
-    notice_wall_s = max(min_notice_wall_s, clock.wall_s(rules.notice_s))
-    with SegmentWriter(run_dir / "telemetry", run_id, rank=PROVIDER_RANK) as writer:
-        job = _Emulation(
-            rules=rules, clock=clock,
-            markets=markets, provider=EmulatedProvider(markets, clock, rules), policy=policy,
-            writer=writer, node_count=nodes, fast_policy=fast_policy,
-            freeze_after_last_step=freeze_after_last_step,
-            run_id=run_id,
-            run_dir=run_dir, shards_dir=shards_dir,
-            train_config=_train_config(run_id, max_steps, market, train_overrides),
-            max_steps=max_steps, work_total_s=work_total_s, deadline_s=deadline_s,
-            notice_wall_s=notice_wall_s, trainer_ignores_notice=trainer_ignores_notice,
-            store_dir=Path(object_store_dir) if object_store_dir is not None else None,
-            store_key_prefix=f"checkpoints/{partition}/{run_id}")
-        zones = [m.zone for m in markets]
-        job.record(PROVIDER_POLICY, {"event": "job", "trace": market.source, "zone": market.zone,
-                                     "zones": zones, "nodes": nodes,
-                                     "instance_type": market.instance_type},
-                   f"emulated job: {max_steps} steps on {nodes} x {market.instance_type} in "
-                   f"{', '.join(zones)}, "
-                   f"trace {market.source} from tick {window_start_tick}, "
-                   f"{seconds_per_tick} s wall per {market.tick_s} s tick",
-                   {"deadline_s": deadline_s, "work_total_h": job.work_total_h,
-                    "spot_usd_per_hour": market.spot_usd_per_hour,
-                    "on_demand_usd_per_hour": market.on_demand_usd_per_hour})
-        status = "completed"
-        try:
-            job.advance(0.0)  # tick 0: the first decision
-            last_wall = time.monotonic()
-            while job.finish_s is None:
-                if time.monotonic() - started > max_wall_s:
-                    status = "deadline_exceeded_wall"
-                    break
-                time.sleep(poll_s)
-                now_wall = time.monotonic()
-                elapsed_wall, last_wall = now_wall - last_wall, now_wall
-                job.poll_trainer()
-                if job.finish_s is not None:
-                    break
-                if job.frozen:
-                    continue
-                if job.trainer is not None:
-                    job.read_progress()
-                    if job.frozen:
-                        continue
-                job.advance(clock.now_s + elapsed_wall * clock.emulated_per_wall_s)
-        finally:
-            if job.trainer is not None and job.trainer.process.poll() is None:
-                os.kill(job.trainer.process.pid, signal.SIGKILL)
-                job.trainer.process.wait()
-                job.node_down(job.trainer)
-            job.end_holding("stopped")
+    job, status = supervise(
+        plan, policy=policy, run_id=run_id, run_dir=run_dir, shards_dir=shards_dir,
+        train_config=_train_config(run_id, max_steps, market, train_overrides),
+        max_steps=max_steps, fast_policy=fast_policy,
+        store_dir=Path(object_store_dir) if object_store_dir is not None else None,
+        store_key_prefix=f"checkpoints/{partition}/{run_id}")
+    return emulated_result(job, plan, status=status, policy_name=policy_name,
+                           wall_s=time.monotonic() - started)
+
+
+def emulated_result(job: _Emulation, plan: ReplayPlan, *, status: str, policy_name: str,
+                    wall_s: float) -> EmulatedResult:
+    """The figures of a supervised job (`supervise`), the provider's bill among them."""
+    market, markets, spec = plan.market, plan.markets, plan.spec
     holdings = job.holdings
     waste = job.count_replays()
     return EmulatedResult(
-        status=status, run_id=run_id, run_dir=run_dir, steps=job.steps, max_steps=max_steps,
+        status=status, run_id=job.run_id, run_dir=job.run_dir, steps=job.steps,
+        max_steps=job.max_steps,
         preemptions=len(job.preemption_times), resumes=job.resumes, launches=job.launches,
         notices_missed=job.notices_missed, spot_share=replay.spot_share(holdings),
         cost_usd=replay.bill_usd(holdings),
         spot_node_s=sum(h.billed_s() for h in holdings if h.kind == replay.SPOT),
         on_demand_node_s=sum(h.billed_s() for h in holdings if h.kind == replay.ON_DEMAND),
-        deadline_s=deadline_s, finish_s=job.finish_s, final_eval_loss=job.final_eval_loss,
-        wall_s=time.monotonic() - started, policy=policy_name, trace_source=market.source,
+        deadline_s=plan.deadline_s, finish_s=job.finish_s, final_eval_loss=job.final_eval_loss,
+        wall_s=wall_s, policy=policy_name, trace_source=market.source,
         zone=market.zone, instance_type=market.instance_type,
-        window_start_tick=market.window_start_tick, seconds_per_tick=seconds_per_tick,
+        window_start_tick=market.window_start_tick, seconds_per_tick=spec.seconds_per_tick,
         spot_usd_per_hour=market.spot_usd_per_hour,
         on_demand_usd_per_hour=market.on_demand_usd_per_hour,
         holdings=tuple(asdict(h) for h in holdings), trainer_pids=tuple(job.pids),
         replayed_steps=waste.replayed_steps, preemption_waste_s=waste.waste_s,
         preemption_waste_usd=waste.waste_usd,
-        useful_train_s=min(job.steps, max_steps) * job.step_s,
+        useful_train_s=min(job.steps, job.max_steps) * job.step_s,
         stopping_node_s=sum(h.end_s - h.notice_at_s for h in holdings
                             if h.notice_at_s is not None and h.end_s is not None),
         zones=tuple(m.zone for m in markets),
         zones_held=tuple(dict.fromkeys(h.zone for h in holdings)),
-        node_count=nodes, node_launches=len(holdings))
+        node_count=spec.nodes, node_launches=len(holdings))
 
 
 def result_record(result: EmulatedResult) -> dict[str, Any]:

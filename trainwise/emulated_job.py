@@ -50,6 +50,9 @@ class _Emulation(_TrainerProcesses):
     # replacement restores from the store (`restore_from_store`).
     store_dir: Path | None = None
     store_key_prefix: str = ""
+    # More keys of each trainer's job file (`trainwise.emulated_worker`: curriculum, region).
+    job_extra: dict[str, Any] = field(default_factory=dict)
+    last_result: dict[str, Any] | None = None  # the newest trainer's result record
     nodes: list[NodeHandle] = field(default_factory=list)  # the set held (or last held)
     last_zone: str | None = None  # the zone of the last launch (the simulator's last_zone)
     trainer: _Trainer | None = None

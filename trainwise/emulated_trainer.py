@@ -132,7 +132,8 @@ class _TrainerProcesses:
                "resume_from": resume_from, "train_config": self.train_config,
                "block_sigterm": self.trainer_ignores_notice,
                "store_dir": str(self.store_dir) if self.store_dir is not None else None,
-               "store_key_prefix": self.store_key_prefix, "fast_policy": self.fast_policy}
+               "store_key_prefix": self.store_key_prefix, "fast_policy": self.fast_policy,
+               **self.job_extra}
         risk = self.trainer_risk()
         if risk is not None:
             job["preemption_risk"] = risk
@@ -251,6 +252,8 @@ class _TrainerProcesses:
         result = (json.loads(trainer.result_path.read_text())
                   if trainer.result_path.exists() else None)
         self.trainer = None
+        if result is not None:
+            self.last_result = result
         if result is None and not trainer.killed:
             log = trainer.result_path.parent / trainer.result_path.name.replace(
                 "result-", "worker-").replace(".json", ".log")

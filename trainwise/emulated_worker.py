@@ -17,8 +17,10 @@ into this node's empty checkpoint folder first (`trainwise.emulated_store.restor
 Fast layer: optional "fast_policy" (a name of `trainwise.runs.FAST_POLICIES`; absent or null =
 no fast policy, the loop's no-op) is passed to `training.loop.train` as `trainwise.runs` does,
 so the heuristic adapts the batch at fast ticks and answers the SIGTERM notice (checkpoint when
-the measured save fits in the notice, migrate otherwise). The champion lookup of
-`runs.fast_policy_in_charge` is not made: an emulated job has no region's champion. Optional
+the measured save fits in the notice, migrate otherwise). With "fast_policy_region" the
+champion lookup of `runs.fast_policy_in_charge` is made for that region (the train job's rule);
+without, the named policy itself. Optional "curriculum_dir": the curriculum trained on (absent:
+all the shards' examples). Optional
 "preemption_risk" (a probability, default 0.0) reaches the fast policy's observation the way the
 loop takes a risk: a live-control file (`training.live_control`, source "emulated_job") in the
 run folder, read at the first fast tick.
@@ -48,6 +50,10 @@ from typing import Any
 
 REQUIRED_KEYS = ("shards_dir", "run_dir", "result_path", "resume_from", "train_config")
 FAST_POLICY_KEY = "fast_policy"
+# Optional: the region whose promoted fast champion is in charge of "heuristic" (the train job's
+# rule, `trainwise.runs.fast_policy_in_charge`); absent: the heuristic itself.
+REGION_KEY = "fast_policy_region"
+CURRICULUM_KEY = "curriculum_dir"  # optional: the curriculum the run trains on (absent: all data)
 RISK_KEY = "preemption_risk"
 RESUME_FROM_STORE = "store"
 # Seconds the worker waits for its uploads before exiting (a local store takes milliseconds).
@@ -141,6 +147,11 @@ def job_fast_policy(job: dict[str, Any], config: Any = None, examples: Any = Non
         from trainwise.goodput_lever import goodput_policy
 
         return goodput_policy(config, examples)[0]
+    region = job.get(REGION_KEY)
+    if region is not None:
+        from trainwise.runs import fast_policy_in_charge
+
+        return fast_policy_in_charge(name, str(region))[0]
     return fast_policy(name)
 
 
@@ -182,6 +193,11 @@ def run_job(job: dict[str, Any], guard: SigtermOutsideTheLoop | None = None) -> 
     from training.model import GPTConfig
 
     examples = shards.load_shards(Path(job["shards_dir"]))
+    curriculum = None
+    if job.get(CURRICULUM_KEY):
+        from training.curriculum import load_curriculum
+
+        curriculum = load_curriculum(Path(job[CURRICULUM_KEY]))
     fields = dict(job["train_config"])
     if isinstance(fields.get("model"), dict):
         fields["model"] = GPTConfig(**fields["model"])
@@ -208,7 +224,8 @@ def run_job(job: dict[str, Any], guard: SigtermOutsideTheLoop | None = None) -> 
     if guard is not None:
         guard.entering_train()
     try:
-        result = loop.train(config, examples, None, Path(job["run_dir"]), resume_from=resume_from,
+        result = loop.train(config, examples, curriculum, Path(job["run_dir"]),
+                            resume_from=resume_from,
                             on_checkpoint=uploader.submit if uploader else None,
                             fast_policy=policy)
     finally:
@@ -221,6 +238,11 @@ def run_job(job: dict[str, Any], guard: SigtermOutsideTheLoop | None = None) -> 
         "run_id": result.run_id,
         "steps": result.steps,
         "final_eval_loss": result.final_eval_loss,
+        "final_eval_accuracy": result.final_eval_accuracy,
+        "tokens_seen": result.tokens_seen,
+        "samples_seen": result.samples_seen,
+        "trainer_cost_usd": result.cost_usd,  # the trainer's own estimate; the bill is the provider's
+        "telemetry_dir": str(result.telemetry_dir),
         "checkpoint_path": str(result.checkpoint_path),
         "checkpoint_sha256": result.checkpoint_sha256,
         "elapsed_s": result.elapsed_s,
