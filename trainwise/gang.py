@@ -25,7 +25,7 @@ on, and the provider's bill is the run's cloud bill. `GangSession`, in order:
    the run's telemetry as slow-layer decision events under `PROVIDER_RANK`, so `trainwise
    explain` shows them next to the trainer's own checkpoints and notices.
 
-5. A torchrun gang (`trainwise.torchrun_gang.TorchrunGang`, re-exported here): one node per
+5. A torchrun gang (`trainwise.torchrun_gang.TorchrunGang`): one node per
    rank, rank r on node r. A notice for one node SIGTERMs that rank only; the gang stops at one
    step boundary with one checkpoint (rank 0 uploads it to the object store), only the noticed
    node is released and replaced (`replace_noticed`), and the gang restarts at the same world
@@ -37,7 +37,6 @@ training does not (its steps take their real time). Node seconds are on the prov
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -57,12 +56,16 @@ from cloud.providers import (
     NodeHandle,
     NodeState,
     ProviderError,
-    make_provider,
+    provider_class,
     provider_name,
 )
 from cloud.providers.base import check_market
+from cloud.providers.emulated import (  # noqa: F401 - re-exported: EmulatedProvider.for_run's
+    DEFAULT_SECONDS_PER_TICK,
+    DEFAULT_TRACE_FOLDER,
+    DEFAULT_WINDOW_TICKS,
+)
 from training.safe_files import write_atomic
-from trainwise.torchrun_gang import TorchrunGang  # re-exported: it lived here first
 
 ALLOCATION_FILE = "allocation.json"
 GANG_FILE = "gang.json"
@@ -70,10 +73,6 @@ PROVIDER_RANK = 1000  # the provider's telemetry rank (as trainwise/emulated.py)
 POLICY_NAME = "provider_gang"
 # Replacements one run may launch before it stops as interrupted (a market that flaps forever).
 MAX_REPLACEMENTS = 16
-# The emulated provider's default market: every zone of one real trace folder, replayed fast.
-DEFAULT_TRACE_FOLDER = "availability-1node-aws-2023-02"
-DEFAULT_WINDOW_TICKS = 2000
-DEFAULT_SECONDS_PER_TICK = 0.5
 # aws: how long a launched instance may stay pending before the launch counts as failed.
 AWS_BOOT_TIMEOUT_S = 600.0
 
@@ -151,25 +150,13 @@ def read_gang(run_dir: Path) -> dict[str, Any] | None:
 
 
 def provider_for_run(instance_type: str, region: str, name: str | None = None,
-                     **kwargs: Any) -> ComputeProvider:
-    """The selected provider (TRAINWISE_PROVIDER unless `name`), built for a training run:
-    emulated over every zone of a real trace folder of the shared data (a labelled synthetic
-    stand-in when it is missing), aws in `region` at TRAINWISE_EC2_ENDPOINT_URL."""
-    name = provider_name(name)
-    if name == "aws":
-        from cloud.providers.aws import ec2_endpoint_url
-
-        return make_provider("aws", region=region,
-                             endpoint_url=kwargs.pop("endpoint_url", ec2_endpoint_url()), **kwargs)
-    from cloud import emulated as replay
-    from cloud.providers.emulated import EmulatedProvider
-    from trainwise import settings
-
-    markets = _trace_markets(kwargs.pop("trace_folder", DEFAULT_TRACE_FOLDER),
-                             int(kwargs.pop("window_start_tick", 0)), str(settings.data_dir()))
-    clock = replay.ReplayClock(float(markets[0].tick_s),
-                               kwargs.pop("seconds_per_tick", DEFAULT_SECONDS_PER_TICK))
-    return EmulatedProvider(list(markets), clock, replay.default_rules())
+                     **options: Any) -> ComputeProvider:
+    """The selected provider (TRAINWISE_PROVIDER unless `name`; a provider of one's own is
+    registered by naming its module in TRAINWISE_PROVIDER_MODULES), built for a training run by
+    its class's `for_run`: emulated over every zone of a real trace folder of the shared data (a
+    labelled synthetic stand-in when it is missing), aws in `region` at
+    TRAINWISE_EC2_ENDPOINT_URL. `options` are the provider's own (see its `for_run`)."""
+    return provider_class(provider_name(name)).for_run(instance_type, region, **options)
 
 
 def replay_record(provider: ComputeProvider) -> dict[str, Any] | None:
@@ -182,18 +169,6 @@ def replay_record(provider: ComputeProvider) -> dict[str, Any] | None:
     return {"trace_folder": Path(markets[0].source).parent.name,
             "window_start_tick": int(markets[0].window_start_tick),
             "seconds_per_tick": float(clock.seconds_per_tick)}
-
-
-@functools.lru_cache(maxsize=8)
-def _trace_markets(folder: str, start_tick: int, data_dir: str) -> tuple[Any, ...]:
-    """Every zone of a trace folder as a replayed market (read once per process: immutable)."""
-    from cloud import emulated as replay
-
-    spot_dir = Path(data_dir) / "spot"
-    files = sorted(p.name for p in (spot_dir / folder).glob("*.json")) or [
-        "us-east-1a_v100_1.json"]  # a bare clone: the labelled synthetic stand-in
-    return tuple(replay.load_replay_market(folder, f, start_tick, DEFAULT_WINDOW_TICKS, spot_dir)
-                 for f in files)
 
 
 @dataclass
@@ -572,6 +547,6 @@ class _GangFastPolicy:
         return getattr(self.inner, name)
 
 
-__all__ = ["ALLOCATION_FILE", "Allocation", "GANG_FILE", "GangSession", "TorchrunGang",
+__all__ = ["ALLOCATION_FILE", "Allocation", "GANG_FILE", "GangSession",
            "allocation_from_action", "provider_for_run", "read_allocation", "read_gang",
            "write_allocation"]

@@ -2,9 +2,10 @@
 
 A run that finds an unreachable MLflow server, an S3 endpoint that refuses connections or a
 DuckDB path that is a folder only after training wastes the whole training (issue 8, defect 8).
-`check_services` runs each check once, quickly (no retries: retries belong to the upload and
-logging after training), and raises one `PreflightError` listing every problem with the setting
-that controls it and how to fix it.
+The same goes for a compute provider that is not registered or whose settings are wrong
+(`check_provider`). `check_services` runs each check once, quickly (no retries: retries belong
+to the upload and logging after training), and raises one `PreflightError` listing every problem
+with the setting that controls it and how to fix it.
 """
 
 from __future__ import annotations
@@ -83,6 +84,15 @@ def check_object_store(store: Any) -> None:
         check()
 
 
+def check_provider(name: str | None = None) -> None:
+    """The compute provider TRAINWISE_PROVIDER (or `name`) selects is registered (the modules of
+    TRAINWISE_PROVIDER_MODULES import and register) and its class's own `preflight` passes
+    (aws: the TRAINWISE_EC2_ENDPOINT_URL override is a URL). Errors name the setting."""
+    from cloud.providers import provider_class, provider_name
+
+    provider_class(provider_name(name)).preflight()
+
+
 def check_services(
     *,
     state_dir: Path,
@@ -90,13 +100,16 @@ def check_services(
     tracking_uri: str,
     store: Any,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    provider: str | None = None,
 ) -> None:
-    """Every check above; raises one PreflightError listing all that failed."""
+    """Every check above; raises one PreflightError listing all that failed. `provider`: the
+    provider name to check (default: the TRAINWISE_PROVIDER setting)."""
     checks: list[tuple[str, Callable[[], None]]] = [
         ("state folder", lambda: check_state_dir(state_dir)),
         ("telemetry store", lambda: check_duckdb_path(duckdb_path)),
         ("MLflow", lambda: check_tracking(tracking_uri, timeout_s)),
         ("object store", lambda: check_object_store(store)),
+        ("compute provider", lambda: check_provider(provider)),
     ]
     problems = []
     for label, check in checks:

@@ -54,7 +54,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TRAINWISE_DEMO_PARTITION", "", "data partition of the demo; empty = tinyshakespeare, "
             "or pystdlib when the shared data is missing"),
     Setting("TRAINWISE_TORCH_THREADS", "1", "torch intra-op threads in the trainer"),
-    Setting("TRAINWISE_PROVIDER", "emulated", "compute provider of cloud.providers: emulated | aws"),
+    Setting("TRAINWISE_PROVIDER", "emulated", "compute provider of cloud.providers: emulated | "
+            "aws | one registered by TRAINWISE_PROVIDER_MODULES"),
+    Setting("TRAINWISE_PROVIDER_MODULES", "", "comma-separated Python modules (import paths) "
+            "imported before the provider is looked up, each registering a compute provider "
+            "with @register_provider (cloud/providers/registry.py); empty = the built-ins only"),
     Setting("TRAINWISE_EC2_ENDPOINT_URL", "", "EC2 endpoint override (moto_server in tests); empty = AWS"),
     Setting("TRAINWISE_ALLOCATION_POLICY", "trainwise_heuristic", "node allocation policy of the "
             "schedule until an approved schedule_change replaces it"),

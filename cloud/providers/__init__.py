@@ -1,14 +1,22 @@
 """Compute providers behind one interface (`base.ComputeProvider`), chosen by name.
 
     provider = make_provider("emulated", markets=..., clock=...)   # or "aws", region=...
+    provider = provider_class(provider_name()).for_run(instance_type, region)   # for a run
 
-`provider_name()` reads the TRAINWISE_PROVIDER setting (emulated | aws; default emulated).
+Each provider is one module whose class registers itself with `@register_provider(name)`
+(`registry.py`); importing this package registers the built-ins, `emulated` and `aws`. A
+provider of one's own is registered by naming its module in TRAINWISE_PROVIDER_MODULES.
+`provider_name()` reads the TRAINWISE_PROVIDER setting (default emulated) and lists the
+registered providers when the name is none of them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+# The built-ins register on import (`@register_provider` on their classes).
+from cloud.providers import aws as _aws  # noqa: F401
+from cloud.providers import emulated as _emulated  # noqa: F401
 from cloud.providers.base import (
     MARKETS,
     ON_DEMAND,
@@ -25,39 +33,32 @@ from cloud.providers.base import (
     UnknownInstanceTypeError,
     UnknownZoneError,
 )
-from trainwise import settings
-
-PROVIDER_NAMES = ("emulated", "aws")
-DEFAULT_PROVIDER = "emulated"
-
-
-def provider_name(value: str | None = None) -> str:
-    """The selected provider: `value`, else the TRAINWISE_PROVIDER setting, else emulated."""
-    name = (value if value is not None else settings.get("TRAINWISE_PROVIDER")).strip()
-    name = name or DEFAULT_PROVIDER
-    if name not in PROVIDER_NAMES:
-        raise ValueError(f"TRAINWISE_PROVIDER={name!r} is not a provider; use one of "
-                         f"{', '.join(PROVIDER_NAMES)}")
-    return name
+from cloud.providers.registry import (
+    DEFAULT_PROVIDER,
+    MODULES_SETTING,
+    ProviderModuleError,
+    UnknownProviderError,
+    load_provider_modules,
+    provider_class,
+    provider_name,
+    provider_names,
+    register_provider,
+)
 
 
 def make_provider(name: str | None = None, **kwargs: Any) -> ComputeProvider:
-    """The provider called `name` (see `provider_name`), built with its own arguments:
-    emulated: markets, clock, rules (or `EmulatedProvider.from_traces`);
-    aws: region, endpoint_url, image_id (see `AwsProvider`)."""
-    name = provider_name(name)
-    if name == "aws":
-        from cloud.providers.aws import AwsProvider
-
-        return AwsProvider(**kwargs)
-    from cloud.providers.emulated import EmulatedProvider
-
-    return EmulatedProvider(**kwargs)
+    """The provider called `name` (see `provider_name`), built with its class's own arguments
+    (emulated: markets, clock, rules, or `EmulatedProvider.from_traces`; aws: region,
+    endpoint_url, image_id, see `AwsProvider`). For a training run use the class's `for_run`
+    (`trainwise.gang.provider_for_run`)."""
+    return provider_class(provider_name(name))(**kwargs)
 
 
 __all__ = [
-    "DEFAULT_PROVIDER", "MARKETS", "ON_DEMAND", "PROVIDER_NAMES", "SPOT", "ComputeProvider",
+    "DEFAULT_PROVIDER", "MARKETS", "MODULES_SETTING", "ON_DEMAND", "SPOT", "ComputeProvider",
     "LaunchFailedError", "NodeEvent", "NodeHandle", "NodeState", "NodeStatus", "ProviderError",
-    "ProviderUnreachableError", "SpotPricePoint", "UnknownInstanceTypeError", "UnknownZoneError",
-    "make_provider", "provider_name",
+    "ProviderModuleError", "ProviderUnreachableError", "SpotPricePoint",
+    "UnknownInstanceTypeError", "UnknownProviderError", "UnknownZoneError",
+    "load_provider_modules", "make_provider", "provider_class", "provider_name",
+    "provider_names", "register_provider",
 ]

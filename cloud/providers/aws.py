@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from cloud import prices
 from cloud.providers.base import (
@@ -38,10 +39,11 @@ from cloud.providers.base import (
     UnknownZoneError,
     check_count,
     check_market,
-    node_price_usd_per_hour,
 )
+from cloud.providers.registry import register_provider
 
 NAME = "aws"
+ENDPOINT_SETTING = "TRAINWISE_EC2_ENDPOINT_URL"
 TAG_KEY = "trainwise:node"
 ENDPOINT_FIX = ("check the network, or set TRAINWISE_EC2_ENDPOINT_URL to a reachable EC2 "
                 "endpoint (empty for AWS itself)")
@@ -56,7 +58,18 @@ def ec2_endpoint_url() -> str | None:
     """TRAINWISE_EC2_ENDPOINT_URL, or None for AWS itself."""
     from trainwise import settings
 
-    return settings.get("TRAINWISE_EC2_ENDPOINT_URL").strip() or None
+    return settings.get(ENDPOINT_SETTING).strip() or None
+
+
+def check_endpoint_url(url: str | None) -> None:
+    """An EC2 endpoint override is an http(s) URL with a host (None: AWS itself)."""
+    if url is None:
+        return
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{ENDPOINT_SETTING}={url!r} is not an http(s) URL with a host; set it "
+                         "to an EC2 endpoint such as http://127.0.0.1:5000 (moto_server), or "
+                         "leave it empty for AWS itself")
 
 
 def node_state(ec2_state: str, terminated_by_us: bool, spot_status_code: str | None) -> NodeState:
@@ -84,8 +97,29 @@ class _Node:
     ended_at_s: float | None = None
 
 
+@register_provider(NAME)
 class AwsProvider(ComputeProvider):
     name = NAME
+    setting_names = (ENDPOINT_SETTING,)
+
+    @classmethod
+    def for_run(cls, instance_type: str, region: str, **options: Any) -> AwsProvider:
+        """A training run's provider: EC2 in `region` at TRAINWISE_EC2_ENDPOINT_URL unless
+        `endpoint_url` is given; other `options` go to `AwsProvider` (image_id, client, clock,
+        connect_timeout_s)."""
+        options.setdefault("endpoint_url", ec2_endpoint_url())
+        return cls(region, **options)
+
+    @classmethod
+    def preflight(cls) -> None:
+        """boto3 is installed and the endpoint override, if any, is a URL (no EC2 call: an
+        unreachable endpoint is found at the first launch, still before any step)."""
+        check_endpoint_url(ec2_endpoint_url())
+        try:
+            import boto3  # noqa: F401
+        except ImportError as error:
+            raise ValueError(f"TRAINWISE_PROVIDER='aws' needs boto3 ({error}); install it or "
+                             "choose another provider") from None
 
     def __init__(self, region: str, *, endpoint_url: str | None = None,
                  image_id: str | None = None, client: Any = None,
@@ -156,7 +190,7 @@ class AwsProvider(ComputeProvider):
         if not self.image_id:
             raise ValueError("no AMI to launch: pass image_id (setting TRAINWISE_EC2_IMAGE_ID) "
                              "with the trainer image for this region")
-        price = node_price_usd_per_hour(self.name, instance_type, zone, market)
+        price = self.price_usd_per_hour(instance_type, zone, market)
         request: dict[str, Any] = {
             "ImageId": self.image_id, "InstanceType": instance_type, "MinCount": count,
             "MaxCount": count, "Placement": {"AvailabilityZone": zone},

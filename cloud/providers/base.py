@@ -5,9 +5,10 @@ Time on a provider is `now_s()`, seconds on the provider's own clock: emulated s
 job started for `emulated`, Unix seconds for `aws`. Every time argument and field below is on that
 clock, so a caller never mixes a replayed trace's time with this machine's.
 
-Billing rule (both providers): a node is billed per second from its launch until it ends (its
-termination, or its reclaim), at its zone's spot or on-demand price from `cloud/prices.py`
-(`node_price_usd_per_hour`). The provider's own invoice may differ (AWS rounds, and bills spot at
+Billing rule (every provider): a node is billed per second from its launch until it ends (its
+termination, or its reclaim), at its zone's spot or on-demand price from the provider's price
+source (`ComputeProvider.price_usd_per_hour`; by default `cloud/prices.py` through
+`node_price_usd_per_hour`). The provider's own invoice may differ (AWS rounds, and bills spot at
 the market price of the hour); these figures are what the controllers compare, so every provider
 uses the same rule.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from cloud import prices
 from cloud.traces import region_of_zone
@@ -165,9 +167,44 @@ def billed_usd(status: NodeStatus, now_s: float) -> float:
 
 
 class ComputeProvider(ABC):
-    """What the train job needs from a cloud. Implementations: `emulated`, `aws`."""
+    """What the train job needs from a cloud. Implementations register by name with
+    `@register_provider` (`cloud/providers/registry.py`): `emulated`, `aws`, and any module named
+    in TRAINWISE_PROVIDER_MODULES.
+
+    Besides the node calls, a class carries what callers ask of it by name, so that adding a
+    provider is one module: `for_run` (how to build one for a training run), `preflight` (cheap
+    checks before a run's first step), `price_usd_per_hour` (its price source) and
+    `setting_names` (the trainwise settings it reads)."""
 
     name: str
+    # The trainwise settings (`trainwise/settings.py`) this provider reads; shown in errors and
+    # checked to be documented. A provider of one's own reads its own environment instead.
+    setting_names: ClassVar[tuple[str, ...]] = ()
+
+    # -- what callers ask of the class --------------------------------------------------------
+    @classmethod
+    def for_run(cls, instance_type: str, region: str, **options: Any) -> ComputeProvider:
+        """A provider for one training run of `instance_type` in `region`
+        (`trainwise.gang.provider_for_run`); `options` are the provider's own (emulated: the
+        trace window; aws: endpoint_url, image_id, ...). The registry refuses a class that does
+        not define it."""
+        raise NotImplementedError(f"provider class {cls.__qualname__} does not say how to build "
+                                  "one for a run: define the classmethod for_run")
+
+    @classmethod  # noqa: B027 - an optional hook, not abstract: most providers check nothing
+    def preflight(cls) -> None:
+        """Cheap checks of this provider's settings before a run's first step
+        (`trainwise.preflight.check_services`); raise ValueError naming the setting and the
+        fix. No network calls: an unreachable provider is found at the first launch, which also
+        comes before any step is trained."""
+
+    def price_usd_per_hour(self, instance_type: str, zone: str, market: str) -> float:
+        """The billing rule's price of one node (the price source). Default: the AWS list
+        price and Spot Advisor saving of `cloud/prices.py`; a provider with its own prices (a
+        replayed trace, another cloud's price list) overrides this."""
+        return node_price_usd_per_hour(self.name, instance_type, zone, market)
+
+    # -- the node calls -----------------------------------------------------------------------
 
     @abstractmethod
     def now_s(self) -> float:

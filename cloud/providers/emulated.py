@@ -20,6 +20,7 @@ itself: a caller attaches the process that stands for a node (`attach_process`),
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -27,6 +28,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cloud import emulated as replay
 from cloud.providers.base import (
@@ -44,9 +46,16 @@ from cloud.providers.base import (
     check_count,
     check_market,
 )
+from cloud.providers.registry import register_provider
 from cloud.simulator import ClusterRules
 
 NAME = "emulated"
+# A training run's market (`for_run`): every zone of one real trace folder, replayed fast.
+DEFAULT_TRACE_FOLDER = "availability-1node-aws-2023-02"
+DEFAULT_WINDOW_TICKS = 2000
+DEFAULT_SECONDS_PER_TICK = 0.5
+# The zone file a bare clone replays (no trace folder): the labelled synthetic stand-in.
+STAND_IN_ZONE_FILE = "us-east-1a_v100_1.json"
 
 
 @dataclass
@@ -58,6 +67,7 @@ class _Node:
     stop_wall_s: float | None = None  # time.monotonic() when told to stop (notice or terminate)
 
 
+@register_provider(NAME)
 @dataclass
 class EmulatedProvider(ComputeProvider):
     """Several zones' replayed markets on one clock; see the module docstring."""
@@ -78,6 +88,27 @@ class EmulatedProvider(ComputeProvider):
         if ticks != {int(self.clock.tick_s)}:
             raise ValueError(f"markets tick every {sorted(ticks)} s, the clock every "
                              f"{self.clock.tick_s} s: replay traces of one tick length together")
+
+    # The trace folder is read under TRAINWISE_DATA_DIR (`for_run`).
+    setting_names = ("TRAINWISE_DATA_DIR",)
+
+    @classmethod
+    def for_run(cls, instance_type: str, region: str, *,
+                trace_folder: str = DEFAULT_TRACE_FOLDER, window_start_tick: int = 0,
+                seconds_per_tick: float = DEFAULT_SECONDS_PER_TICK,
+                **options: Any) -> EmulatedProvider:
+        """A training run's provider: every zone of `trace_folder` under TRAINWISE_DATA_DIR/spot
+        (a labelled synthetic stand-in when it is missing) from `window_start_tick`, replayed at
+        `seconds_per_tick` wall seconds per trace tick. The trace decides the instance type and
+        the zones; `instance_type` and `region` are checked at launch (`GangSession`)."""
+        if options:
+            raise TypeError(f"the emulated provider takes trace_folder, window_start_tick and "
+                            f"seconds_per_tick for a run, not {', '.join(sorted(options))}")
+        from trainwise import settings
+
+        markets = _run_markets(trace_folder, int(window_start_tick), str(settings.data_dir()))
+        clock = replay.ReplayClock(float(markets[0].tick_s), float(seconds_per_tick))
+        return cls(list(markets), clock, replay.default_rules())
 
     @classmethod
     def from_traces(cls, trace_folder: str, zone_files: Sequence[str], *, window_start_tick: int,
@@ -142,7 +173,7 @@ class EmulatedProvider(ComputeProvider):
                     f"the trace has {max(free, 0)} spot node(s) free at tick "
                     f"{replayed.window_start_tick + self.clock.tick}; wait, try another zone, or "
                     "launch on-demand")
-        price = replayed.price_usd_per_hour(market)
+        price = self.price_usd_per_hour(instance_type, zone, market)
         handles = []
         for _ in range(count):
             self._serial += 1
@@ -152,6 +183,15 @@ class EmulatedProvider(ComputeProvider):
             self._nodes.append(_Node(handle, holding))
             handles.append(handle)
         return handles
+
+    def price_usd_per_hour(self, instance_type: str, zone: str, market: str) -> float:
+        """The replayed market's price (its trace's collection.toml, else the price table)."""
+        check_market(market)
+        replayed = self.market(zone)
+        if instance_type != replayed.instance_type:
+            raise UnknownInstanceTypeError(self.name, instance_type, (replayed.instance_type,),
+                                           f"zone {zone} (its trace {replayed.source})")
+        return replayed.price_usd_per_hour(market)
 
     def forget(self, node: NodeHandle) -> None:
         """Withdraw a launch before its node booted (the job finished meanwhile): never billed."""
@@ -307,4 +347,14 @@ class EmulatedProvider(ComputeProvider):
         return replay.bill_usd([self.holding(node)], self.clock.now_s)
 
 
-__all__ = ["EmulatedProvider", "NAME", "ON_DEMAND", "SPOT"]
+@functools.lru_cache(maxsize=8)
+def _run_markets(folder: str, start_tick: int, data_dir: str) -> tuple[replay.ReplayMarket, ...]:
+    """Every zone of a trace folder as a replayed market (read once per process: immutable)."""
+    spot_dir = Path(data_dir) / "spot"
+    files = sorted(p.name for p in (spot_dir / folder).glob("*.json")) or [STAND_IN_ZONE_FILE]
+    return tuple(replay.load_replay_market(folder, f, start_tick, DEFAULT_WINDOW_TICKS, spot_dir)
+                 for f in files)
+
+
+__all__ = ["DEFAULT_SECONDS_PER_TICK", "DEFAULT_TRACE_FOLDER", "DEFAULT_WINDOW_TICKS",
+           "EmulatedProvider", "NAME", "ON_DEMAND", "SPOT"]
