@@ -56,6 +56,12 @@ class TrainRunConfig(dg.Config):
     lever_guard_reference_run: str = ""
     """Training run id whose eval curve is the reference (same partition and schedule);
     empty = the newest completed fixed-schedule run (run one first: fast_policy noop)."""
+    allocation_policy: str = ""
+    """Empty: the nodes are the market/zone/nodes above, held by the in-process engine. A
+    registered allocation policy (e.g. trainwise_heuristic, uniform_progress, on_demand): it
+    chooses spot, on-demand or waiting and the zone at every tick of the replayed spot trace, and
+    the trainer runs as a child process on the node it holds (trainwise/supervised_run.py, the
+    engine the end-to-end and fidelity benchmarks measure); one node, static data selection."""
 
 
 def mlflow_link(tracking_uri: str, where: str) -> dg.MetadataValue:

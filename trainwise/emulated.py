@@ -240,6 +240,12 @@ class ReplayPlan:
     def market(self) -> replay.ReplayMarket:
         return self.markets[0]
 
+    @property
+    def notice_wall_s(self) -> float:
+        """The provider's notice in this machine's seconds (at least `min_notice_wall_s`)."""
+        per_wall_s = self.market.tick_s / self.spec.seconds_per_tick
+        return max(self.spec.min_notice_wall_s, self.rules.notice_s / per_wall_s)
+
 
 def plan_replay(spec: ReplaySpec, max_steps: int, spot_dir: Path) -> ReplayPlan:
     """Loads the window: its length needs the deadline, the deadline the trace's tick length."""
@@ -264,16 +270,21 @@ def plan_replay(spec: ReplaySpec, max_steps: int, spot_dir: Path) -> ReplayPlan:
 def supervise(plan: ReplayPlan, *, policy: Any, run_id: str, run_dir: Path, shards_dir: Path,
               train_config: dict[str, Any], max_steps: int, fast_policy: str | None = None,
               store_dir: Path | None = None, store_key_prefix: str = "",
-              job_extra: dict[str, Any] | None = None) -> tuple[_Emulation, str]:
+              job_extra: dict[str, Any] | None = None,
+              resume_step: int | None = None) -> tuple[_Emulation, str]:
     """Runs the job on the replayed market until its last step (or `max_wall_s`): `policy` (an
     allocation policy object) decides each tick, trainer processes train and answer notices.
+    `resume_step`: the run was trained to this step before and its checkpoint is committed in
+    the store (`store_dir`); the first trainer restores it from there.
     Returns the finished job state and the status ("completed" or "deadline_exceeded_wall")."""
+    if resume_step is not None and store_dir is None:
+        raise ValueError("resume_step needs store_dir: the first trainer restores from the store")
     spec = plan.spec
     started = time.monotonic()
     market = plan.market
     run_dir.mkdir(parents=True, exist_ok=True)
     clock = replay.ReplayClock(float(market.tick_s), spec.seconds_per_tick)
-    notice_wall_s = max(spec.min_notice_wall_s, clock.wall_s(plan.rules.notice_s))
+    notice_wall_s = plan.notice_wall_s
     markets = list(plan.markets)
     with SegmentWriter(run_dir / "telemetry", run_id, rank=PROVIDER_RANK) as writer:
         job = _Emulation(
@@ -286,6 +297,9 @@ def supervise(plan: ReplayPlan, *, policy: Any, run_id: str, run_dir: Path, shar
             deadline_s=plan.deadline_s, notice_wall_s=notice_wall_s,
             trainer_ignores_notice=spec.trainer_ignores_notice, store_dir=store_dir,
             store_key_prefix=store_key_prefix, job_extra=dict(job_extra or {}))
+        if resume_step is not None:  # the store holds the run's newest committed checkpoint
+            job.checkpoint_path = f"store:{store_key_prefix}"
+            job.steps = job.checkpoint_step = int(resume_step)
         zones = [m.zone for m in markets]
         job.record(PROVIDER_POLICY, {"event": "job", "trace": market.source, "zone": market.zone,
                                      "zones": zones, "nodes": spec.nodes,

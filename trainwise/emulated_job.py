@@ -53,6 +53,8 @@ class _Emulation(_TrainerProcesses):
     # More keys of each trainer's job file (`trainwise.emulated_worker`: curriculum, region).
     job_extra: dict[str, Any] = field(default_factory=dict)
     last_result: dict[str, Any] | None = None  # the newest trainer's result record
+    uploaded: list[str] = field(default_factory=list)  # every trainer's uploaded URIs
+    upload_failed: list[tuple[str, str]] = field(default_factory=list)
     nodes: list[NodeHandle] = field(default_factory=list)  # the set held (or last held)
     last_zone: str | None = None  # the zone of the last launch (the simulator's last_zone)
     trainer: _Trainer | None = None

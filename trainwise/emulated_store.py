@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# A trainer job's "resume_from" meaning: restore the store's newest committed checkpoint first.
+RESUME_FROM_STORE = "store"
+
 
 @dataclass(frozen=True)
 class RestorePoint:

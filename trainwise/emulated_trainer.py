@@ -23,6 +23,7 @@ from controllers.preemption_risk import observed_reclaim_risk
 from telemetry.reader import read_run_events
 from training.safe_files import replace_with_new, write_atomic
 from trainwise import settings
+from trainwise.emulated_store import RESUME_FROM_STORE
 
 # The provider's telemetry rank: not a training rank (those count from 0), one writer per rank.
 PROVIDER_RANK = 1000
@@ -124,8 +125,6 @@ class _TrainerProcesses:
         folder.mkdir(parents=True, exist_ok=True)
         resume_from = self.checkpoint_path
         if self.store_dir is not None and resume_from is not None:
-            from trainwise.emulated_worker import RESUME_FROM_STORE
-
             resume_from = RESUME_FROM_STORE  # the new node's disk is empty: the store has it
         job = {"shards_dir": str(self.shards_dir), "run_dir": str(self.run_dir),
                "result_path": str(folder / f"result-{index:03d}.json"),
@@ -254,6 +253,8 @@ class _TrainerProcesses:
         self.trainer = None
         if result is not None:
             self.last_result = result
+            self.uploaded += [str(u) for u in result.get("uploaded") or []]
+            self.upload_failed += [(str(k), str(w)) for k, w in result.get("upload_failed") or []]
         if result is None and not trainer.killed:
             log = trainer.result_path.parent / trainer.result_path.name.replace(
                 "result-", "worker-").replace(".json", ".log")

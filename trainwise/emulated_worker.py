@@ -48,6 +48,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from trainwise.emulated_store import RESUME_FROM_STORE
+
 REQUIRED_KEYS = ("shards_dir", "run_dir", "result_path", "resume_from", "train_config")
 FAST_POLICY_KEY = "fast_policy"
 # Optional: the region whose promoted fast champion is in charge of "heuristic" (the train job's
@@ -55,7 +57,6 @@ FAST_POLICY_KEY = "fast_policy"
 REGION_KEY = "fast_policy_region"
 CURRICULUM_KEY = "curriculum_dir"  # optional: the curriculum the run trains on (absent: all data)
 RISK_KEY = "preemption_risk"
-RESUME_FROM_STORE = "store"
 # Seconds the worker waits for its uploads before exiting (a local store takes milliseconds).
 UPLOAD_DRAIN_S = 30.0
 EXIT_SIGTERM = 128 + signal.SIGTERM  # the shell's code for "ended by SIGTERM"

@@ -79,6 +79,12 @@ class TrainRequest:
     # the partition with the same schedule (trainwise.guard_reference).
     lever_guard: bool = False
     lever_guard_reference_run: str = ""
+    # The node engine (`trainwise.supervised_run`): "" = the request's market/zone/nodes, held
+    # at the provider by the in-process engine (`trainwise.gang`); a registered allocation
+    # policy's name (`cloud.policy_registry`, e.g. "trainwise_heuristic") = that policy chooses
+    # spot, on-demand or waiting and the zone at every tick of a replayed trace, and the trainer
+    # runs as a child process on the node it holds (the engine the benchmarks measure).
+    allocation_policy: str = ""
 
 
 @dataclass(frozen=True)
@@ -319,6 +325,13 @@ def validate_request(request: TrainRequest) -> None:
 
     check_goodput_ranks(request.fast_policy, request.nodes)
     _check_lever_guard(request)
+    if request.allocation_policy:
+        from cloud.policy_registry import registered_names
+
+        if request.allocation_policy not in registered_names():
+            raise ValueError(f"allocation_policy={request.allocation_policy!r} is not a "
+                             f"registered allocation policy; valid: "
+                             f"{', '.join(registered_names())}, or empty for the request's market")
 
 
 def _check_lever_guard(request: TrainRequest) -> None:
@@ -546,6 +559,9 @@ def run_training(
     upload_timeout_s: float = UPLOAD_DRAIN_TIMEOUT_S,
     mlflow_interval_s: float = mlflow_live.DEFAULT_INTERVAL_S,
     provider: Any = None,
+    fast_policy: FastPolicy | None = None,
+    allocation_policy: Any = None,
+    replay: Any = None,
 ) -> RunSummary:
     """Trains (or resumes) one run; see the module docstring for the order of things.
 
@@ -555,7 +571,16 @@ def run_training(
 
     `provider`: the `cloud.providers.ComputeProvider` the run's nodes are launched at (default:
     TRAINWISE_PROVIDER, `trainwise.gang.provider_for_run`); an unknown zone or instance type or
-    an unreachable provider is raised before any step is trained."""
+    an unreachable provider is raised before any step is trained.
+
+    `fast_policy`: when given, this object is the fast policy in charge (recorded by its `name`,
+    reason "given by the caller") instead of the one `request.fast_policy` names; the `train`
+    job gives none.
+
+    `allocation_policy` (an allocation policy object; default: the request's
+    `allocation_policy` name) and `replay` (a `trainwise.emulated.ReplaySpec`; default: the
+    default trace window) run the job on the supervised engine (`trainwise.supervised_run`):
+    the policy holds the nodes, the trainer is a child process, the bill is the provider's."""
     from telemetry import reader
     from training import curriculum as curriculum_lib
     from training import loop, shards
@@ -568,7 +593,10 @@ def run_training(
     if reference is not None:
         request = replace(request, lever_guard_reference_run=reference.run_id)
     price = price_usd_per_hour(request.instance_type, request.region)
-    policy, policy_reason = fast_policy_in_charge(request.fast_policy, request.region)
+    if fast_policy is not None:
+        policy, policy_reason = fast_policy, "given by the caller"
+    else:
+        policy, policy_reason = fast_policy_in_charge(request.fast_policy, request.region)
     config = loop.TrainConfig(
         max_steps=request.max_steps,
         micro_batch_size=request.micro_batch_size,
@@ -598,28 +626,47 @@ def run_training(
     curriculum = curriculum_lib.load_curriculum(state_dir / "curricula" / request.partition)
     guard_reference.check_fit(reference, config.model or loop.default_model_config(examples),
                               examples.fingerprint)
-    if request.fast_policy == "goodput":
-        from trainwise.goodput_lever import goodput_policy
+    # The node engine: an allocation policy (object or the request's name) -> supervised.
+    if allocation_policy is None and request.allocation_policy:
+        allocation_policy = request.allocation_policy
+    supervised = allocation_policy is not None
+    if supervised:
+        from trainwise import supervised_run
 
-        policy, policy_reason = goodput_policy(config, examples)
+        supervised_run.check_supported(store=store, data_selection=request.data_selection,
+                                       nodes=request.nodes, fast_policy_object=fast_policy)
+    if request.fast_policy == "goodput" and fast_policy is None:
+        if supervised:  # the trainer process profiles it (`trainwise.emulated_worker`)
+            policy_reason = "goodput requested: the trainer process profiles it at start"
+        else:
+            from trainwise.goodput_lever import goodput_policy
+
+            policy, policy_reason = goodput_policy(config, examples)
+    # The name recorded everywhere; under the supervised engine the trainer process builds the
+    # policy itself from the request's name (and the region's champion), as here.
+    policy_name = ("goodput" if supervised and request.fast_policy == "goodput"
+                   else policy.name)
     resume_from, resumed_step = _resume_point(run_dir, request, store)
     from trainwise import gang
 
-    session = gang.GangSession(
-        provider if provider is not None else gang.provider_for_run(request.instance_type,
-                                                                    request.region),
-        gang.read_allocation(run_dir) or gang.Allocation(
-            market=request.market, zone=request.zone, nodes=request.nodes,
-            reason="the train request", source="request"),
-        request.instance_type, run_dir, request.run_id, region=request.region)
-    # More than one node: one torchrun rank per node (trainwise.torchrun_gang); what the ranks
-    # cannot run yet is refused here, before any node is launched.
-    ranks = session.allocation.nodes > 1
-    if ranks:
-        from trainwise import torchrun_gang
+    session: gang.GangSession | None = None  # the in-process engine's nodes
+    ranks = False
+    if not supervised:
+        session = gang.GangSession(
+            provider if provider is not None else gang.provider_for_run(request.instance_type,
+                                                                        request.region),
+            gang.read_allocation(run_dir) or gang.Allocation(
+                market=request.market, zone=request.zone, nodes=request.nodes,
+                reason="the train request", source="request"),
+            request.instance_type, run_dir, request.run_id, region=request.region)
+        # More than one node: one torchrun rank per node (trainwise.torchrun_gang); what the
+        # ranks cannot run yet is refused here, before any node is launched.
+        ranks = session.allocation.nodes > 1
+        if ranks:
+            from trainwise import torchrun_gang
 
-        torchrun_gang.check_ranks(request, store, policy, session.allocation.nodes)
-    session.start()  # the provider's errors here: nothing is trained or written yet
+            torchrun_gang.check_ranks(request, store, policy, session.allocation.nodes)
+        session.start()  # the provider's errors here: nothing is trained or written yet
     # From here the nodes are billed: whatever fails before training releases them.
     try:
         pruning = None
@@ -639,7 +686,7 @@ def run_training(
         _write_json_atomic(request_path, asdict(request))
         # Which fast policy is in charge and why (champion, or the heuristic and the refusal).
         _write_json_atomic(run_dir / "fast_policy.json",
-                           {"fast_policy": policy.name, "reason": policy_reason})
+                           {"fast_policy": policy_name, "reason": policy_reason})
         (run_dir / OUTCOME_NAME).unlink(missing_ok=True)  # this call's outcome replaces any earlier
         from trainwise.object_store import CheckpointUploader
 
@@ -650,7 +697,7 @@ def run_training(
             tracking_uri=tracking_uri, experiment=experiment,
             run_name=f"{request.partition}-{request.run_id[:8]}",
             params={**_mlflow_params(request, config, examples.fingerprint, curriculum,
-                                     policy.name, price, resumed_step),
+                                     policy_name, price, resumed_step),
                     "policy/fast_reason": policy_reason[:500],
                     **guard_reference.mlflow_params(reference)},
             tags={"dagster_run_id": request.run_id, "trainwise/training_run_id": request.run_id,
@@ -662,11 +709,22 @@ def run_training(
                            if pruning else None)),
             interval_s=mlflow_interval_s).start()
     except BaseException:
-        session.close("failed before training")
+        if session is not None:
+            session.close("failed before training")
         raise
     earlier_upload_failures: list[str] = []
+    engine_outcome = None  # the supervised engine's
     try:
-        if ranks:  # the gang answers reclaims itself (node replaced, restored from the store)
+        if supervised:  # the allocation policy holds the nodes; the trainer is a child process
+            engine_outcome = supervised_run.train_supervised(
+                config=config, partition=request.partition, run_id=request.run_id,
+                replay=replay if replay is not None else supervised_run.ReplaySpec(),
+                allocation_policy=allocation_policy, state_dir=state_dir, run_dir=run_dir,
+                store=store, key_prefix=checkpoint_prefix(request.partition, request.run_id),
+                fast_policy=request.fast_policy, region=request.region,
+                resume_step=resumed_step)
+            result = engine_outcome.trainer
+        elif ranks:  # the gang answers reclaims itself (node replaced, restored from the store)
             result, uploader = torchrun_gang.train_ranks(
                 session, config, request=request, shards_dir=state_dir / "shards" /
                 request.partition, curriculum=curriculum,
@@ -674,7 +732,7 @@ def run_training(
                 policy=policy, resume_from=resume_from, store=store,
                 key_prefix=checkpoint_prefix(request.partition, request.run_id),
                 upload_timeout_s=upload_timeout_s)
-        while not ranks:
+        while session is not None and not ranks:
             result = loop.train(config, examples, curriculum, run_dir,
                                 fast_policy=session.policy(policy), progress=progress,
                                 pruning=pruning, resume_from=resume_from,
@@ -693,12 +751,19 @@ def run_training(
                 break
     except BaseException as error:
         live.abort(error)
-        session.close("failed")
+        if session is not None:
+            session.close("failed")
         # The checkpoints written so far still go out (briefly): a crash loses no more.
         uploader.drain(min(upload_timeout_s, 10.0))
         raise
     train_end_s = time.time()
-    gang_record = session.close(result.status)
+    if session is not None:
+        gang_record = session.close(result.status)
+    else:  # the supervised engine's record of the nodes its policy held, and the bill
+        assert engine_outcome is not None
+        gang_record = engine_outcome.record
+        _write_json_atomic(run_dir / supervised_run.RECORD_FILE, {
+            **gang_record, "figures": supervised_run.result_record(engine_outcome.emulated)})
     live.stop()
 
     # A crash while recording (not a failing service: those are pending notes) still closes
@@ -706,7 +771,7 @@ def run_training(
     try:
         # 5. Record it everywhere; a failing service leaves the checkpoint and a pending note.
         pending: list[str] = list(earlier_upload_failures)
-        if session.failure:
+        if session is not None and session.failure:
             pending.append(session.failure)
         try:
             events = reader.read_run_events(result.telemetry_dir)
@@ -716,7 +781,14 @@ def run_training(
         # The checkpoint first (it is what a preempted node must save within its notice), then
         # the telemetry, then MLflow.
         checkpoint_path = Path(result.checkpoint_path)
-        checkpoint_uri, failures = _upload_result(uploader.drain(upload_timeout_s), checkpoint_path)
+        if engine_outcome is not None:  # the trainers uploaded their own checkpoints
+            from trainwise.object_store import UploadReport
+
+            report = UploadReport(uploaded=list(engine_outcome.uploaded),
+                                  failed=list(engine_outcome.upload_failed))
+        else:
+            report = uploader.drain(upload_timeout_s)
+        checkpoint_uri, failures = _upload_result(report, checkpoint_path)
         if checkpoint_uri is None:
             checkpoint_uri = checkpoint_path.resolve().as_uri()
             why = "; ".join(failures) or f"not uploaded within {upload_timeout_s:.0f} s"
@@ -781,7 +853,7 @@ def run_training(
         instance_type=request.instance_type,
         price_usd_per_hour=price,
         curriculum_version=curriculum.version,
-        fast_policy=policy.name,
+        fast_policy=policy_name,
         checkpoint_uri=checkpoint_uri,
         checkpoint_sha256=result.checkpoint_sha256,
         telemetry_dir=str(result.telemetry_dir),
