@@ -1,9 +1,9 @@
 """The training run as an asset: a checkpoint, with its cost and eval loss in MLflow."""
 
 from pathlib import Path
-from typing import Literal
 
 import dagster as dg
+import pydantic
 
 from assets.data import curriculum
 from assets.partitions import data_partitions
@@ -13,55 +13,14 @@ from assets.resources import (
     StateResource,
     TelemetryStoreResource,
 )
-from trainwise import runs, settings
+from trainwise import run_request, runs, settings
 
-
-class TrainRunConfig(dg.Config):
-    """One training run; defaults size the demo for a 2-core machine."""
-
-    max_steps: int = 300
-    """Optimizer steps."""
-    micro_batch_size: int = 32
-    """Examples per micro-batch at start (the fast policy may change it)."""
-    grad_accum_steps: int = 1
-    """Micro-batches per optimizer step at start."""
-    learning_rate: float = 1e-3
-    """Peak learning rate (warm-up then cosine decay)."""
-    eval_every_steps: int = 50
-    """Steps between evaluations on the held-out split."""
-    seed: int = 0
-    """Seed of model init, sampler and RNG streams."""
-    instance_type: str = ""
-    """Instance type the emulated node stands for; empty = TRAINWISE_INSTANCE_TYPE."""
-    fast_policy: Literal["noop", "heuristic", "goodput"] = "heuristic"
-    """Fast policy run inside the loop: heuristic (noise-scale batch, notices, stragglers), goodput
-    (Pollux: batch by measured throughput x statistical efficiency, profiled at start; one node)
-    or noop (a test keeps the choices equal to runs.FAST_POLICIES)."""
-    fast_every_steps: int = 10
-    """Steps between fast-policy decisions."""
-    data_selection: Literal["static", "dynamic"] = "static"
-    """static (the curriculum as built) | dynamic (InfoBatch per epoch, rate steered live by the
-    slow-policy sensor through the run's control file)."""
-    market: Literal["on_demand", "spot"] = "on_demand"
-    """Market of the run's nodes at the compute provider (TRAINWISE_PROVIDER, emulated by
-    default); the slow-policy sensor may move the run later (checkpoint, release, launch, resume)."""
-    zone: str = ""
-    """Zone of the run's nodes; empty = the provider's first zone in TRAINWISE_REGION."""
-    nodes: int = 1
-    """Nodes launched and billed for the run (its ranks run here; see trainwise/gang.py)."""
-    lever_guard: bool = False
-    """Switch off a lever (the fast policy's batch changes, dynamic pruning) that costs quality
-    or time against the fixed schedule's eval-loss curve; the reason shows in `trainwise
-    explain` and MLflow."""
-    lever_guard_reference_run: str = ""
-    """Training run id whose eval curve is the reference (same partition and schedule);
-    empty = the newest completed fixed-schedule run (run one first: fast_policy noop)."""
-    allocation_policy: str = ""
-    """Empty: the nodes are the market/zone/nodes above, held by the in-process engine. A
-    registered allocation policy (e.g. trainwise_heuristic, uniform_progress, on_demand): it
-    chooses spot, on-demand or waiting and the zone at every tick of the replayed spot trace, and
-    the trainer runs as a child process on the node it holds (trainwise/supervised_run.py, the
-    engine the end-to-end and fidelity benchmarks measure); one node, static data selection."""
+# The launchpad's config is the run schema itself (`trainwise.run_request.TrainRequest`), every
+# field but those the job fills in: one schema from the launchpad to the trainer, never copied.
+TrainRunConfig = pydantic.create_model(
+    "TrainRunConfig", __base__=dg.Config, __module__=__name__,
+    __doc__="One training run; defaults size the demo for a 2-core machine.",
+    **run_request.config_fields())
 
 
 def mlflow_link(tracking_uri: str, where: str) -> dg.MetadataValue:

@@ -41,50 +41,15 @@ from training.safe_files import write_atomic
 from trainwise import guard_reference, mlflow_live, preflight, settings, tracking
 from trainwise.object_store import ObjectStore
 
-FAST_POLICIES = ("noop", "heuristic", "goodput")
-DATA_SELECTIONS = ("static", "dynamic")
+# The one schema of a run (re-exported here, where callers have always imported it from).
+from trainwise.run_request import DATA_SELECTIONS, FAST_POLICIES, TrainRequest, trainer_config
+
 # numpy's legacy seeding and most tools take seeds in [0, 2**32).
 MAX_SEED = 2**32 - 1
 # Seconds to wait after training for queued checkpoint uploads (they retry with backoff).
 UPLOAD_DRAIN_TIMEOUT_S = 120.0
 OUTCOME_NAME = "outcome.json"
 INGEST_PENDING_NAME = "ingest_pending.json"
-
-
-@dataclass(frozen=True)
-class TrainRequest:
-    partition: str
-    max_steps: int
-    micro_batch_size: int
-    grad_accum_steps: int
-    learning_rate: float
-    eval_every_steps: int
-    seed: int
-    instance_type: str
-    fast_policy: str
-    run_id: str
-    fast_every_steps: int = 10
-    # "static": the curriculum manifest as built; "dynamic": InfoBatch-style pruning per epoch on
-    # a running loss table, its rate steered by the slow layer through the run's control file.
-    data_selection: str = "static"
-    region: str = "us-west-2"
-    # Where the run starts at the compute provider (TRAINWISE_PROVIDER); the slow layer may move
-    # it later (`trainwise.gang.write_allocation`). zone "" = the provider's first zone in region.
-    market: str = "on_demand"
-    zone: str = ""
-    nodes: int = 1
-    # The lever guard (controllers.lever_guard): switch off a lever (the fast policy's batch
-    # changes, dynamic pruning) that costs quality or time against the fixed schedule's eval
-    # curve, read from the run named here or, "" = the newest completed fixed-schedule run of
-    # the partition with the same schedule (trainwise.guard_reference).
-    lever_guard: bool = False
-    lever_guard_reference_run: str = ""
-    # The node engine (`trainwise.supervised_run`): "" = the request's market/zone/nodes, held
-    # at the provider by the in-process engine (`trainwise.gang`); a registered allocation
-    # policy's name (`cloud.policy_registry`, e.g. "trainwise_heuristic") = that policy chooses
-    # spot, on-demand or waiting and the zone at every tick of a replayed trace, and the trainer
-    # runs as a child process on the node it holds (the engine the benchmarks measure).
-    allocation_policy: str = ""
 
 
 @dataclass(frozen=True)
@@ -302,8 +267,15 @@ def validate_request(request: TrainRequest) -> None:
         raise ValueError(f"run_id: {error}") from error
     validate_partition(request.partition)  # a known name, never a path; lists the valid ones
     for name in ("max_steps", "micro_batch_size", "grad_accum_steps", "eval_every_steps",
-                 "fast_every_steps"):
+                 "fast_every_steps", "eval_batches", "eval_batch_size"):
         _check_positive_int(name, getattr(request, name))
+    every = request.checkpoint_every_steps
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        raise ValueError(f"checkpoint_every_steps={every!r} must be a whole number >= 0 (0: no "
+                         "periodic checkpoints)")
+    if not isinstance(request.checkpoint_autotune, bool):
+        raise ValueError(f"checkpoint_autotune={request.checkpoint_autotune!r} must be true or "
+                         "false")
     seed = request.seed
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
         raise ValueError(f"seed={seed!r} must be a whole number in [0, {MAX_SEED}]")
@@ -597,21 +569,14 @@ def run_training(
         policy, policy_reason = fast_policy, "given by the caller"
     else:
         policy, policy_reason = fast_policy_in_charge(request.fast_policy, request.region)
-    config = loop.TrainConfig(
-        max_steps=request.max_steps,
-        micro_batch_size=request.micro_batch_size,
-        grad_accum_steps=request.grad_accum_steps,
-        learning_rate=request.learning_rate,
+    # Every field the trainer shares with the request passes as it is (`trainer_config`); here
+    # only what the driver derives.
+    config = trainer_config(
+        request,
         # The cosine floor may not exceed the peak rate (a tiny peak rate keeps itself).
         min_learning_rate=min(loop.TrainConfig.min_learning_rate, request.learning_rate),
-        eval_every_steps=request.eval_every_steps,
-        fast_every_steps=request.fast_every_steps,
-        seed=request.seed,
         price_usd_per_hour=price,
-        instance_type=request.instance_type,
-        run_id=request.run_id,
         num_threads=settings.torch_threads(),
-        lever_guard=request.lever_guard,
         lever_guard_reference=reference.points if reference is not None else (),
         lever_guard_reference_source=(f"run {reference.run_id}" if reference is not None
                                       else ""),
