@@ -4,9 +4,12 @@
         [--partition pystdlib] [--window-start-tick N] [--seconds-per-tick 0.2]
         [--object-store]
 
-The job runs through the `emulated` provider (`cloud/providers/emulated.py`). With
-`--object-store` every checkpoint is uploaded to a local object store folder, a stopped node's
-disk is deleted, and each replacement restores from the store.
+The job runs through the product's driver (`trainwise.runs.run_training`, the `train` job's
+function) with the request's `allocation_policy` set to `--policy` (`benchmarks/driver_run.py`):
+the `emulated` provider (`cloud/providers/emulated.py`), the trainer as a child process, every
+checkpoint uploaded to the run's local object store, a stopped node's disk deleted and each
+replacement restored from the store, MLflow and DuckDB as for any run. (`--object-store` is
+accepted for old command lines: the store is always on now.)
 
 Without `--window-start-tick` the first window of the trace (after tick 200) where spot is up
 for 4 ticks and then reclaimed is replayed, so the run meets at least one preemption. Writes
@@ -21,11 +24,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.driver_run import run_job, workspace
 from benchmarks.results_io import provenance, write_results
 from cloud import emulated as replay
 from cloud.traces import FOLDER_MEANING, load_trace
 from trainwise import settings
-from trainwise.emulated import DEFAULT_TRACE_FOLDER, DEFAULT_ZONE_FILE, result_record, run_emulated
+from trainwise.emulated import DEFAULT_TRACE_FOLDER, DEFAULT_ZONE_FILE, ReplaySpec, result_record
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 NAME = "emulated_run"
@@ -81,18 +85,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--window-start-tick", type=int, default=None)
     parser.add_argument("--seconds-per-tick", type=float, default=0.2)
     parser.add_argument("--object-store", action="store_true",
-                        help="replacements restore from a local object store (disks are lost)")
+                        help="kept for old command lines: replacements always restore from the "
+                             "run's local object store (disks are lost)")
     args = parser.parse_args(argv)
     start = (args.window_start_tick if args.window_start_tick is not None
              else default_window(DEFAULT_TRACE_FOLDER, DEFAULT_ZONE_FILE))
     with tempfile.TemporaryDirectory(prefix="trainwise-emulated-") as work:
-        result = run_emulated(args.partition, max_steps=args.steps, window_start_tick=start,
-                              seconds_per_tick=args.seconds_per_tick, policy_name=args.policy,
-                              out_dir=Path(work), run_id="emulated-bench",
-                              object_store_dir=Path(work) / "store" if args.object_store else None)
+        result = run_job(workspace(Path(work), args.partition), args.partition,
+                         max_steps=args.steps, policy_name=args.policy, run_id="emulated-bench",
+                         replay=ReplaySpec(window_start_tick=start,
+                                           seconds_per_tick=args.seconds_per_tick))
         record = result_record(result)
     record["provider"] = "emulated"
-    record["object_store"] = bool(args.object_store)
+    record["object_store"] = True
+    record["driver"] = "trainwise.runs.run_training (supervised engine)"
     record.pop("run_dir")  # a temporary folder, gone now
     record.pop("trainer_pids")
     write_results(RESULTS_DIR, NAME, record, to_markdown(record),

@@ -4,7 +4,8 @@
         [--window-start-tick N] [--seconds-per-tick 0.2]
 
 Each strategy trains the same small GPT (same seed, same data, same `--steps`) in the emulated
-cloud (`trainwise.emulated.run_emulated`: real trainer processes, a real spot trace replayed,
+cloud through the product's driver (`trainwise.runs.run_training` with the request's
+`allocation_policy`, `benchmarks/driver_run.py`: real trainer processes, a real spot trace replayed,
 SIGTERM on reclaim, resume from the checkpoint, the provider's bill):
 
 - fixed: on-demand from start to end, fixed batch, full data, periodic checkpoints
@@ -61,6 +62,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.driver_run import run_job, workspace
+
 # The windows and the report have their own modules; re-exported here, where the tests look
 # for the benchmark's names.
 from benchmarks.end_to_end_report import (
@@ -88,8 +91,8 @@ from trainwise.emulated import (
     DEFAULT_TRACE_FOLDER,
     DEFAULT_ZONE_FILE,
     EmulatedResult,
+    ReplaySpec,
     result_record,
-    run_emulated,
 )
 
 __all__ = ["LOSS_TOLERANCE", "SEED_FIGURES", "WINDOW_GAP_TICKS", "WINDOW_ZONES", "WINDOWS_PER_ZONE",
@@ -273,13 +276,16 @@ def run(steps: int, partition: str, window_start_tick: int | None, seconds_per_t
     tag = f"{Path(zone_file).stem}-{start}"
     rows, first, step_wall_s = [], None, DEFAULT_STEP_WALL_S
     for name, policy, overrides in strategies:
-        result = run_emulated(partition, max_steps=steps, trace_folder=trace_folder,
-                              zone_file=zone_file, window_start_tick=start,
-                              seconds_per_tick=seconds_per_tick, policy_name=policy,
-                              out_dir=work_dir, run_id=f"e2e-{name}-{tag}",
-                              train_overrides={"preemption_notice_s": notice_s, **overrides},
+        # The product's driver (the `train` job's run_training, supervised engine); the
+        # engine tells each trainer the notice it really gets (`notice_s`, the same rule).
+        result = run_job(
+            workspace(work_dir, partition), partition, max_steps=steps, policy_name=policy,
+            run_id=f"e2e-{name}-{tag}", fast_policy=FAST_POLICY.get(name),
+            train_overrides=overrides,
+            replay=ReplaySpec(trace_folder=trace_folder, zone_files=(zone_file,),
+                              window_start_tick=start, seconds_per_tick=seconds_per_tick,
                               max_wall_s=max_wall_s, step_wall_s_estimate=step_wall_s,
-                              fast_policy=FAST_POLICY.get(name), freeze_after_last_step=True)
+                              freeze_after_last_step=True))
         if first is None:
             # The baseline (no preemption) calibrates the work model for the others: the
             # deadline and the policies' progress are in steps at this machine's speed now.

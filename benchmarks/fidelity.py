@@ -10,7 +10,8 @@ gang on the 4-node trace, one zone; 3). `--quick`: one of each.
 
 Two sources, never mixed:
 
-- measured: `trainwise.emulated.run_emulated`: real trainer processes on this machine standing
+- measured: the product's driver (`trainwise.runs.run_training` under the request's
+  `allocation_policy`, `benchmarks/driver_run.py`): real trainer processes on this machine standing
   for the node (a gang's ranks: one process, see that module), the real spot trace window
   replayed at `--seconds-per-tick`, SIGTERM on reclaim, billed by the emulated provider per
   node-second (`cloud/providers/emulated.py`);
@@ -56,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.driver_run import run_job, workspace
 from benchmarks.fidelity_calibrate import Calibration, calibrate, same_run
 
 # The windows and the report have their own modules; re-exported here, where the tests look
@@ -85,7 +87,7 @@ from benchmarks.results_io import provenance, write_results
 from cloud import emulated as replay
 from cloud.policy_registry import make_policy
 from cloud.simulator import ClusterRules, JobSpec, Market, SimResult, simulate
-from trainwise.emulated import EmulatedResult, risk_model_kwargs, run_emulated
+from trainwise.emulated import EmulatedResult, ReplaySpec, risk_model_kwargs
 
 __all__ = ["CALIBRATION_WINDOWS", "KINDS", "Market", "SameView", "Window", "emulated_rules_adjustment",
            "main", "make_policy", "pick_gang_windows", "pick_multi_zone_windows", "pick_windows",
@@ -310,13 +312,17 @@ def score_window(window: Window, cal: Calibration, args: argparse.Namespace, wor
     tick_s = float(replay.load_replay_market(window.folder, window.zone_file, window.start_tick,
                                              1, spot_dir()).tick_s)
     cal = cal.at_rate(tick_s / args.seconds_per_tick)  # this trace's replay speed
-    emulated = run_emulated(
-        args.partition, max_steps=args.steps, trace_folder=window.folder,
-        zone_files=window.zone_files, nodes=window.nodes, window_start_tick=window.start_tick,
-        seconds_per_tick=args.seconds_per_tick, policy_name=args.policy,
-        deadline_factor=DEADLINE_FACTOR, out_dir=work, run_id=f"fidelity-{index:02d}",
-        step_wall_s_estimate=aligned_step_wall_s(cal, window), max_wall_s=args.max_wall_s,
-        train_overrides=cal.train_overrides, freeze_after_last_step=cal.tail_frozen)
+    # The product's driver (the `train` job's run_training, supervised engine).
+    emulated = run_job(
+        workspace(work, args.partition), args.partition, max_steps=args.steps,
+        policy_name=args.policy, run_id=f"fidelity-{index:02d}",
+        train_overrides=cal.train_overrides,
+        replay=ReplaySpec(trace_folder=window.folder, zone_files=tuple(window.zone_files),
+                          nodes=window.nodes, window_start_tick=window.start_tick,
+                          seconds_per_tick=args.seconds_per_tick,
+                          deadline_factor=DEADLINE_FACTOR,
+                          step_wall_s_estimate=aligned_step_wall_s(cal, window),
+                          max_wall_s=args.max_wall_s, freeze_after_last_step=cal.tail_frozen))
     measured = {"cost_usd": emulated.cost_usd,
                 "completion_s": float(emulated.finish_s) if emulated.finish_s is not None
                 else float("nan"),

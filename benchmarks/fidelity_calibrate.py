@@ -30,9 +30,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks.driver_run import run_job, workspace
 from cloud import emulated as replay
 from telemetry.reader import read_run_events
-from trainwise.emulated import EmulatedResult, run_emulated
+from trainwise.emulated import EmulatedResult, ReplaySpec
 
 CALIBRATION_POLICY = "on_demand"
 
@@ -200,12 +201,14 @@ def calibrate(windows: Sequence[tuple[str, str, int]], partition: str, steps: in
     points, saves, tails, runs, rate, results = [], [], [], [], 0.0, []
     for i, (folder, zone_file, start) in enumerate(windows):
         n = steps
-        result = run_emulated(partition, max_steps=n, trace_folder=folder, zone_file=zone_file,
-                              window_start_tick=start, seconds_per_tick=seconds_per_tick,
-                              policy_name=CALIBRATION_POLICY, out_dir=work,
-                              run_id=f"calibration-{i:02d}", max_wall_s=max_wall_s,
-                              train_overrides=overrides,
-                              freeze_after_last_step=freeze_after_last_step)
+        result = run_job(workspace(work, partition), partition, max_steps=n,
+                         policy_name=CALIBRATION_POLICY, run_id=f"calibration-{i:02d}",
+                         train_overrides=overrides,
+                         replay=ReplaySpec(trace_folder=folder, zone_files=(zone_file,),
+                                           window_start_tick=start,
+                                           seconds_per_tick=seconds_per_tick,
+                                           max_wall_s=max_wall_s,
+                                           freeze_after_last_step=freeze_after_last_step))
         if result.finish_s is None or result.preemptions:
             raise RuntimeError(f"calibration run {i} on {folder}/{zone_file}@{start} did not "
                                f"finish unpreempted ({result.status}); rerun on a quieter machine")

@@ -16,6 +16,7 @@ import json
 
 import pytest
 
+from controllers.fast_types import NoOpFastPolicy
 from telemetry.reader import read_run_events
 from tests.test_cloud_emulated import FOLDER, ZONE_FILE, _window_start
 from tests.test_run_path_faults import (  # noqa: F401 - fixtures used by name
@@ -97,9 +98,9 @@ def test_decisions_checkpoints_and_mlflow_are_recorded_as_for_any_run(supervised
 
 
 def test_what_the_engine_cannot_run_is_refused_before_anything_is_launched(state):
-    with pytest.raises(ValueError, match=r"data_selection='dynamic'.*nodes=2"):
-        run(state, request(allocation_policy="trainwise_heuristic", data_selection="dynamic",
-                           nodes=2, grad_accum_steps=2))
+    with pytest.raises(ValueError, match=r"data_selection='dynamic'.*object cannot reach"):
+        run(state, request(allocation_policy="trainwise_heuristic", data_selection="dynamic"),
+            fast_policy=NoOpFastPolicy())
     assert not (state / "runs" / "run-a").exists()
 
 

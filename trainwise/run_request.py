@@ -64,7 +64,8 @@ class TrainRequest:
         "release, launch, resume).")
     zone: str = _doc("", "Zone of the run's nodes; empty = the provider's first zone in "
                      "TRAINWISE_REGION.")
-    nodes: int = _doc(1, "Nodes launched and billed for the run (one torchrun rank each).")
+    nodes: int = _doc(1, "Nodes launched and billed for the run: one torchrun rank each; under "
+                      "an allocation_policy one trainer process stands for the gang.")
     lever_guard: bool = _doc(
         False, "Switch off a lever (the fast policy's batch changes, dynamic pruning) that costs "
         "quality or time against the fixed schedule's eval-loss curve; the reason shows in "

@@ -599,7 +599,7 @@ def run_training(
         from trainwise import supervised_run
 
         supervised_run.check_supported(store=store, data_selection=request.data_selection,
-                                       nodes=request.nodes, fast_policy_object=fast_policy)
+                                       fast_policy_object=fast_policy)
     if request.fast_policy == "goodput" and fast_policy is None:
         if supervised:  # the trainer process profiles it (`trainwise.emulated_worker`)
             policy_reason = "goodput requested: the trainer process profiles it at start"
@@ -687,7 +687,7 @@ def run_training(
                 allocation_policy=allocation_policy, state_dir=state_dir, run_dir=run_dir,
                 store=store, key_prefix=checkpoint_prefix(request.partition, request.run_id),
                 fast_policy=request.fast_policy, region=request.region,
-                resume_step=resumed_step)
+                resume_step=resumed_step, nodes=request.nodes)
             result = engine_outcome.trainer
         elif ranks:  # the gang answers reclaims itself (node replaced, restored from the store)
             result, uploader = torchrun_gang.train_ranks(

@@ -13,7 +13,10 @@ they publish are the figures of this path.
 What this engine does not take yet, refused before anything is launched with the fix named:
 a fast policy given as an object (the trainer is another process: name it), dynamic data
 selection (its control file is steered by the slow-policy sensor of the in-process engine),
-more than one torchrun rank, and an object store other than a local folder.
+and an object store other than a local folder. A gang (`nodes` > 1) is held and billed as N
+nodes in one zone, but trained by ONE trainer process standing for the gang's work at the full
+gang's rate (the emulated cloud's limit, `trainwise/emulated.py` "Gang"); real torchrun ranks
+run on the in-process engine.
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ class SupervisedOutcome:
     upload_failed: tuple[tuple[str, str], ...]
 
 
-def check_supported(*, store: ObjectStore, data_selection: str, nodes: int,
+def check_supported(*, store: ObjectStore, data_selection: str,
                     fast_policy_object: Any) -> None:
     """What this engine cannot run yet, as one ValueError naming each thing and its fix."""
     problems = []
@@ -78,9 +81,6 @@ def check_supported(*, store: ObjectStore, data_selection: str, nodes: int,
     if data_selection != "static":
         problems.append(f"data_selection={data_selection!r}: use 'static' under an allocation "
                         "policy (dynamic selection is steered on the in-process engine)")
-    if nodes > 1:
-        problems.append(f"nodes={nodes}: a torchrun gang runs on the in-process engine; leave "
-                        "allocation_policy empty for more than one rank")
     if fast_policy_object is not None:
         problems.append("a fast policy given as an object cannot reach the trainer process: "
                         "name it in the request's fast_policy")
@@ -99,7 +99,7 @@ def default_policy(name: str, spec: ReplaySpec, spot_dir: Path, plan: Any) -> An
 def train_supervised(*, config: Any, partition: str, run_id: str, replay: ReplaySpec,
                      allocation_policy: Any, state_dir: Path, run_dir: Path,
                      store: LocalObjectStore, key_prefix: str, fast_policy: str,
-                     region: str | None, resume_step: int | None,
+                     region: str | None, resume_step: int | None, nodes: int = 1,
                      data_dir: Path | None = None) -> SupervisedOutcome:
     """Trains `config` under `allocation_policy` (an object, or a registered name) on the
     replayed market of `replay`; returns the last trainer's outcome and the provider's record.
@@ -108,6 +108,7 @@ def train_supervised(*, config: Any, partition: str, run_id: str, replay: Replay
     `run_training` restored or found it); the first trainer restores it from the store."""
     started = time.monotonic()
     data_dir = Path(data_dir) if data_dir is not None else settings.data_dir()
+    replay = dataclasses.replace(replay, nodes=nodes)  # the request's gang size
     plan = plan_replay(replay, config.max_steps, data_dir / "spot")
     policy = (default_policy(allocation_policy, replay, data_dir / "spot", plan)
               if isinstance(allocation_policy, str) else allocation_policy)
