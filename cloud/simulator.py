@@ -17,7 +17,9 @@ The world, tick by tick (a tick is the trace's `gap_seconds`):
    the old set. A new set trains only after `changeover_s` (launch + restore), billed.
 5. Training: the full gang progresses at `node_count * gpus_per_node / step_slowdown` GPU-hours
    per hour (the slowest rank sets the step time, `cloud/stragglers.py`), pausing
-   `checkpoint_save_s` every `checkpoint_interval_s` of training. Billing is per second held;
+   `checkpoint_save_s` every `checkpoint_interval_s` of training (the rules' interval until the
+   policy asks for another, `controllers.checkpoint_interval.interval_in_force_s`; the trainwise
+   heuristic's comes from the one checkpoint-interval chooser). Billing is per second held;
    every tick held is billed whole (the tick before a preemption too, and its work counts), and
    the tick in which the work finishes is billed up to the finish, or whole with
    `ClusterRules.bill_finishing_tick_whole` (the Can't Be Late convention).
@@ -42,6 +44,7 @@ import numpy as np
 from cloud.faults import FaultSampler
 from cloud.traces import SpotTrace, window_of
 from controllers.allocation_types import AllocationObservation, AllocationPolicy
+from controllers.checkpoint_interval import interval_in_force_s
 
 
 @dataclass(frozen=True)
@@ -439,13 +442,11 @@ def simulate(
                 f"policy {policy.name!r} asked for {want_spot} spot + {want_od} on-demand nodes at "
                 f"t={now:.0f} s; a gang job needs 0 or exactly node_count={n_nodes} nodes"
             )
-        if action.checkpoint_interval_s is not None:
-            if not action.checkpoint_interval_s > 0:
-                raise ValueError(
-                    f"policy {policy.name!r} asked for checkpoint_interval_s="
-                    f"{action.checkpoint_interval_s}; it must be positive"
-                )
-            interval = float(action.checkpoint_interval_s)
+        # The policy's interval (trainwise_heuristic's comes from the checkpoint-interval
+        # chooser that the slow layer and the trainer ask too) goes in force as the chooser's
+        # module defines it: None keeps it.
+        interval = interval_in_force_s(interval, action.checkpoint_interval_s,
+                                       asked_by=policy.name)
         launch_failed = False
         if want_total == 0:
             if holding:

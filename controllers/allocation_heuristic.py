@@ -42,7 +42,9 @@ budget that pays for waiting and for changeovers; the policy prices it:
    checkpoint interval plus a changeover) because node faults come without notice, while a
    fault before the end is likely enough (`fault_reserve_min_p`); when slack gets thin a spot
    gang asks for a shorter checkpoint interval (the longest halving that leaves room), with the
-   extra saves counted in its slack. On-demand and waiting keep the job's own interval.
+   extra saves counted in its slack. On-demand and waiting keep the job's own interval. Every
+   interval comes from the one chooser (`controllers/checkpoint_interval.py`), asked each tick
+   with this job's facts (save, notice, fault rate, its own interval, the deadline's slack).
 
 Events (single zone, thin slack): spot (run 3 h old) -> preempted -> spot gone: on-demand (slack
 kept for later rides) -> spot back, run 2 min old: stay on on-demand (too young to pay two
@@ -77,7 +79,13 @@ from controllers.allocation_planner import (
     solve_plan,
 )
 from controllers.allocation_types import AllocationAction, AllocationObservation
-from controllers.checkpointing import daly_interval_s
+from controllers.checkpoint_interval import (
+    DeadlineSlack,
+    IntervalChoice,
+    IntervalFacts,
+    choose_checkpoint_interval,
+)
+from controllers.checkpointing import NODE_FAULT_RATE_PER_NODE_H, fault_mtbf_s
 from controllers.online_risk import ObservedRuns, moved, with_multipliers
 from controllers.preemption_risk import (
     DOWN,
@@ -117,19 +125,20 @@ class TrainwiseAllocationConfig:
     # ../shared/data/cluster/faults: one fault per 5,679 node-hours). Below it a fault is a risk
     # on-demand carries just the same, and reserving a whole interval for it priced short gang
     # jobs out of spot entirely.
-    fault_rate_per_node_h: float = 1.0 / 5679.0
+    fault_rate_per_node_h: float = NODE_FAULT_RATE_PER_NODE_H
     fault_reserve_min_p: float = 0.02
-    # The job's checkpoint interval, chosen rather than taken as given: when a save fits in the
-    # preemption notice, a reclaim loses nothing whatever the interval, and periodic saves only
-    # insure against node faults (no notice). Their interval is then Daly's optimum (FGCS 2006,
-    # `controllers/checkpointing.py`) for a node's fault rate (13.7 h against the fault log's
-    # 5,679 h MTBF, where the suite's jobs save every hour), never shorter than the job's own.
-    # Halved until losing one interval and a restart still fits the slack, so a fault never
-    # costs the deadline (`_fault_interval_s`). Single nodes only: gangs keep the job's interval
-    # (`_fault_only_interval_s`). Cost suite at ec03a2b, node faults billed to every policy: the
+    # The job's checkpoint interval, chosen rather than taken as given, by the one chooser
+    # (`controllers/checkpoint_interval.py`, which the slow layer and the trainer ask too): when
+    # a save fits in the preemption notice, a reclaim loses nothing whatever the interval, and
+    # periodic saves only insure against node faults (no notice). Their interval is then Daly's
+    # optimum for a node's fault rate (13.7 h against the fault log's 5,679 h MTBF, where the
+    # suite's jobs save every hour), never shorter than the job's own, halved until losing one
+    # interval and a restart still fits the slack, so a fault never costs the deadline. Gangs
+    # keep the job's interval (shortened by the chooser when their fault reserve is thin).
+    # False: a single node keeps the job's own interval. Cost suite at ec03a2b, node faults
+    # billed to every policy: the
     # pooled single-node cost / oracle 1.099 -> 1.094 single-zone, 1.088 -> 1.077 multi-zone
-    # (LOCO), 0 deadline misses; one cell dearer (LOCO p3.16xlarge single-zone, +0.4%). False:
-    # the job's own interval.
+    # (LOCO), 0 deadline misses; one cell dearer (LOCO p3.16xlarge single-zone, +0.4%).
     fault_checkpoint_interval: bool = True
     # Gangs larger than the model's fitted sizes: m groups of the largest fitted size count as
     # m ** this many independent ones (`PreemptionRiskModel.with_gang_levels`; 0.23 read off
@@ -381,6 +390,8 @@ class _Situation(NamedTuple):
     checkpoint_interval_s: float | None = None
     # The job's own interval (on-demand and waiting go back to it).
     base_interval_s: float = math.inf
+    # The chooser's answer this tick (None: the job's own interval, not asked).
+    choice: IntervalChoice | None = None
 
 
 class TrainwiseAllocationPolicy:
@@ -407,9 +418,8 @@ class TrainwiseAllocationPolicy:
         self._plan: SlackPlan | None = None
         self._plan_key: tuple | None = None
         self._levels_by_n: dict[int, tuple[int, ...]] = {}
+        self._fault_mtbf_by_n: dict[int, float] = {}
         self._base_interval: float | None = None
-        # A single node's fault-only checkpoint interval (Daly's), None: the job's own.
-        self._daly_s: float | None = None
         self._base_model = self.model
         self._prior_model = self.model
         self._gang_models: dict[int, PreemptionRiskModel] = {}
@@ -458,31 +468,6 @@ class TrainwiseAllocationPolicy:
             levels = self._levels_by_n[n] = tuple(sorted(found, reverse=True))
         return levels
 
-    def _fault_only_interval_s(self, obs: AllocationObservation) -> float | None:
-        """Daly's interval for node faults when a single node's save fits in the notice
-        (`fault_checkpoint_interval`) and it is longer than the job's own; else None."""
-        cfg, own_s, save_s = self.config, obs.checkpoint_interval_s, obs.checkpoint_save_s
-        if not (cfg.fault_checkpoint_interval and obs.node_count == 1
-                and 0 < save_s <= obs.notice_s and math.isfinite(own_s)
-                and cfg.fault_rate_per_node_h > 0):
-            # Gangs keep the job's interval: their fault reserve is sized on it, and on a short
-            # 16-node job the slack it freed made the scoring take on-demand, then spot a tick
-            # later once the launch was paid (thin-slack tests): a second changeover.
-            return None
-        fault_s = daly_interval_s(save_s, 3600.0 / cfg.fault_rate_per_node_h)
-        return fault_s if fault_s > own_s else None
-
-    def _fault_interval_s(self, own_s: float, risk_s: float, c: float, slack_with) -> float:
-        """The longest of Daly's interval and its halvings (down to the job's own) whose loss
-        to a fault, plus the restart, still leaves the slack above the net: a fault must never
-        cost the deadline. The job's own interval when none does."""
-        interval = self._daly_s
-        while interval is not None and interval > own_s:
-            if slack_with(interval) - (risk_s + c + interval) >= 0:
-                return interval
-            interval /= 2.0
-        return own_s
-
     def _base_interval_s(self, obs: AllocationObservation) -> float:
         """The job's own checkpoint interval (the one in force at its first tick, set in
         `_decide`): what on-demand and waiting use; only a spot gang with thin slack asks for a
@@ -492,33 +477,32 @@ class TrainwiseAllocationPolicy:
     def _situation(self, obs: AllocationObservation) -> _Situation:
         cfg, n, c = self.config, obs.node_count, obs.changeover_s
         run_s = obs.remaining_run_s
-        base_s = self._base_interval_s(obs)
-
-        def slack_with(interval_s: float) -> float:
-            saves_s = math.floor(run_s / interval_s) * obs.checkpoint_save_s
-            return obs.time_left_s - (c + run_s + saves_s)
-
+        own_s = self._base_interval_s(obs)
         # What a spot gang can lose before the next decision (as the peers' `spot_risk_s`).
         if obs.checkpoint_save_s <= obs.notice_s:
             risk_s = obs.tick_s + obs.checkpoint_save_s
         else:
             unsaved_h = (obs.work_done_h - obs.work_checkpointed_h) / obs.work_rate_gpu_h_per_h
             risk_s = obs.tick_s + unsaved_h * 3600.0
-        if self._daly_s is not None:
-            base_s = self._fault_interval_s(base_s, risk_s, c, slack_with)
-        interval_s = base_s
-        fault_s = cfg.fault_reserve_s
         p_fault = -math.expm1(-n * cfg.fault_rate_per_node_h * run_s / 3600.0)
-        if fault_s is None and n > 1 and p_fault >= cfg.fault_reserve_min_p:
-            # A node fault (no notice) loses up to one checkpoint interval plus a restart: the
-            # reserve. A shorter interval shrinks the reserve but adds saves, which eat slack
-            # too; both are counted with the interval that would be in force (asking for one
-            # interval while reckoning slack with another made a launch pass the net and the
-            # next tick's saves push it under: the launch-then-on-demand flip of issue 9).
-            interval_s = self._spot_interval_s(base_s, risk_s, c, slack_with)
-            fault_s = interval_s + c
-        fault_s = fault_s or 0.0
-        slack_s = slack_with(interval_s)
+        # A gang keeps a fault reserve (a node fault, no notice, loses up to one checkpoint
+        # interval plus a restart) while a fault before the end is likely enough.
+        reserve = cfg.fault_reserve_s is None and n > 1 and p_fault >= cfg.fault_reserve_min_p
+        slack = DeadlineSlack(obs.time_left_s, run_s, c, obs.checkpoint_save_s, risk_s, reserve,
+                              cfg.fault_room_share)
+        choice = None
+        if n > 1 or cfg.fault_checkpoint_interval:
+            # The interval comes from the one chooser; the saves it implies and (for gangs) the
+            # reserve it sizes are counted with it, the interval that will be in force (asking
+            # for one interval while reckoning slack with another made a launch pass the net
+            # and the next tick's saves push it under: the launch-then-on-demand flip of issue 9).
+            choice = choose_checkpoint_interval(self._interval_facts(obs, own_s, slack))
+        interval_s = own_s if choice is None else choice.interval_s
+        # A single node's chosen interval is its own from here (on-demand and waiting use it);
+        # a gang's shorter one is asked for on spot only (`_with_interval`).
+        base_s = interval_s if n == 1 else own_s
+        fault_s = interval_s + c if reserve else (cfg.fault_reserve_s or 0.0)
+        slack_s = slack.slack_with_s(interval_s)
         holding = obs.zone is not None and obs.spot_nodes + obs.on_demand_nodes == n
         mode = IDLE
         if holding:
@@ -526,30 +510,22 @@ class TrainwiseAllocationPolicy:
         paid_s = c - obs.changeover_left_s if mode == ON_DEMAND else 0.0
         net_s = risk_s + fault_s
         return _Situation(slack_s, net_s, slack_s + paid_s - net_s, mode, holding,
-                          interval_s if interval_s < base_s else None, base_s)
+                          interval_s if interval_s < base_s else None, base_s, choice)
 
-    def _spot_interval_s(self, base_s: float, risk_s: float, c: float, slack_with) -> float:
-        """The checkpoint interval a spot gang rides with: the job's own while the room above
-        the net (slack minus risk, changeover and fault reserve, saves counted) is at least
-        `1 / fault_room_share - 1` reserves; else the longest halving (down to
-        `min_checkpoint_interval_s`) that has that room; else the one that leaves most room."""
-        cfg = self.config
-        need = 1.0 / cfg.fault_room_share - 1.0
-        candidates = [base_s] if math.isfinite(base_s) else []
-        interval = min(base_s, 4 * 3600.0)
-        while interval > cfg.min_checkpoint_interval_s:
-            interval /= 2.0
-            candidates.append(max(interval, cfg.min_checkpoint_interval_s))
-        if not candidates:
-            return base_s
-        best, best_room = candidates[0], -math.inf
-        for interval_s in candidates:
-            room = slack_with(interval_s) - risk_s - c - interval_s
-            if room >= need * interval_s:
-                return interval_s
-            if room > best_room:
-                best, best_room = interval_s, room
-        return best
+    def _interval_facts(self, obs: AllocationObservation, own_s: float,
+                        slack: DeadlineSlack) -> IntervalFacts:
+        """What this policy knows for the chooser: the save and notice of the rules, the fault
+        log's rate, the job's own interval, the deadline's slack. It does not estimate the
+        reclaim rate (None): where a reclaim loses work, the job's own interval stands."""
+        cfg, n = self.config, obs.node_count
+        faults_s = self._fault_mtbf_by_n.get(n)
+        if faults_s is None:
+            faults_s = self._fault_mtbf_by_n[n] = fault_mtbf_s(cfg.fault_rate_per_node_h, n)
+        return IntervalFacts(
+            checkpoint_cost_s=obs.checkpoint_save_s, reclaim_mtbf_s=None, fault_mtbf_s=faults_s,
+            notice_s=obs.notice_s, save_fits_notice=obs.checkpoint_save_s <= obs.notice_s,
+            min_interval_s=cfg.min_checkpoint_interval_s, own_interval_s=own_s, node_count=n,
+            slack=slack)
 
     def _solve(self, obs: AllocationObservation, sit: _Situation, zone: str, zones: int,
                hop_probability: float, spot_usd_per_h: float, od_usd_per_h: float) -> SlackPlan:
@@ -580,7 +556,6 @@ class TrainwiseAllocationPolicy:
         if self._base_interval is None or last_s is None or obs.time_s < last_s:
             # A new job (or a rerun).
             self._base_interval = obs.checkpoint_interval_s
-            self._daly_s = self._fault_only_interval_s(obs)
         self._tracker.update(obs, self._levels(n),
                              self._prior_model if self._observed is not None else self.model)
         if self._observed is not None:
@@ -615,11 +590,8 @@ class TrainwiseAllocationPolicy:
         else:
             want_s = sit.base_interval_s
             why = f"back to the job's checkpoint interval ({want_s / 60:.0f} min)"
-            if self._daly_s is not None and want_s > self._base_interval_s(obs):
-                why = (f"checkpoint every {want_s / 3600:.1f} h: a {obs.checkpoint_save_s:.0f} s "
-                       f"save fits in the {obs.notice_s:.0f} s notice, so only node faults need "
-                       f"periodic saves (Daly's interval {self._daly_s / 3600:.1f} h, halved "
-                       "until losing one still fits the slack)")
+            if sit.choice is not None and want_s > self._base_interval_s(obs):
+                why = f"checkpoint every {want_s / 3600:.1f} h: {sit.choice.reason}"
         if want_s == obs.checkpoint_interval_s:
             return action
         action.numbers["checkpoint_interval_s"] = want_s

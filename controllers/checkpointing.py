@@ -6,10 +6,12 @@
 - Daly (2006), "A higher order estimate of the optimum checkpoint interval for restart dumps",
   FGCS 22(3): T = sqrt(2 C M) [1 + sqrt(C/(2M))/3 + (C/(2M))/9] - C for C < 2M, else T = M.
 - CheckFreq (Mohan et al., FAST'21): measure the checkpoint cost while training and re-tune the
-  frequency when it changes. Here both inputs are running estimates: the checkpoint cost an EMA
-  of measured costs, the mean time between failures a Gamma-Poisson posterior over observed
-  preemptions/faults with exponential forgetting, so a market that turns calmer or wilder moves
-  the interval within a few half-lives.
+  frequency when it changes. Both inputs are running estimates there: the checkpoint cost an EMA
+  of measured costs, the mean time between failures a Gamma-Poisson posterior
+  (`posterior_mtbf_s`) over observed interruptions with exponential forgetting
+  (`CheckpointIntervalTuner` in `controllers/checkpoint_interval.py`).
+- Which of these numbers set the interval, and how, is decided in one place only:
+  `controllers/checkpoint_interval.py` (the chooser every caller asks). This module is the maths.
 - On a preemption notice, `should_checkpoint_on_notice` asks for an immediate checkpoint when the
   last one is too old for the notice to cover (see its docstring for the exact rule).
 """
@@ -65,127 +67,46 @@ def mtbf_from_risk_s(risk: float, horizon_s: float) -> float:
     return -horizon / math.log1p(-p)
 
 
-@dataclass(frozen=True)
-class CheckpointTunerConfig:
-    """Settings of the running Young/Daly estimator."""
-
-    # Prior belief about the mean time between job interruptions, before any is observed. Four
-    # hours is a placeholder for a calm spot market; the slow policy replaces it with the risk
-    # model's estimate when one is given.
-    prior_mtbf_s: float = 4 * 3600.0
-    # Weight of the prior, in pseudo-events: 1 means one observed interruption outweighs it.
-    prior_weight_events: float = 1.0
-    # Old exposure and events lose half their weight every this many seconds (None: never).
-    forget_half_life_s: float | None = 6 * 3600.0
-    # Weight of the previous cost estimate in the EMA of measured checkpoint costs.
-    cost_ema_beta: float = 0.7
-    # Bounds on the interval: never checkpoint more often than min, nor less often than max.
-    min_interval_s: float = 60.0
-    max_interval_s: float = 6 * 3600.0
-    # Re-tune only when the optimum moved by more than this share (CheckFreq re-tunes on change;
-    # the band keeps a noisy cost from moving the interval every tick).
-    retune_rel_change: float = 0.10
-    use_daly: bool = True
-
-    def __post_init__(self) -> None:
-        require_number("prior_mtbf_s", self.prior_mtbf_s, strictly_positive=True)
-        require_number("prior_weight_events", self.prior_weight_events, strictly_positive=True)
-        if self.forget_half_life_s is not None:
-            require_number("forget_half_life_s", self.forget_half_life_s, strictly_positive=True)
-        require_number("cost_ema_beta", self.cost_ema_beta, maximum=0.999)
-        require_number("min_interval_s", self.min_interval_s, strictly_positive=True)
-        if not self.max_interval_s >= self.min_interval_s:
-            raise ValueError(
-                f"max_interval_s={self.max_interval_s} must be >= min_interval_s="
-                f"{self.min_interval_s}"
-            )
-        require_number("retune_rel_change", self.retune_rel_change)
+# The notice AWS gives before it reclaims a spot node (two minutes): the trainer's default.
+SPOT_NOTICE_S = 120.0
+# Node faults (no notice) per node-hour: the InfiniteHBD cluster's fault log in
+# ../shared/data/cluster/faults, one fault per 5,679 node-hours. The allocation heuristic, the slow
+# layer and the in-loop autotune all price faults at this rate (`controllers/checkpoint_interval`).
+NODE_FAULT_RATE_PER_NODE_H = 1.0 / 5679.0
 
 
-class CheckpointIntervalTuner:
-    """Running estimates of the checkpoint cost and the job's MTBF, and the interval they imply.
+def fault_mtbf_s(fault_rate_per_node_h: float, node_count: int) -> float:
+    """Mean time between node faults of a gang: any one of `node_count` nodes failing stops it.
+    A rate of 0 gives +inf (faults not modelled)."""
+    rate = require_number("fault_rate_per_node_h", fault_rate_per_node_h)
+    if rate == 0.0:
+        return math.inf
+    return 3600.0 / (rate * node_count)
 
-    MTBF estimate: with a Gamma(a, b) prior on the interruption rate (a = prior_weight_events,
-    b = a * prior_mtbf_s), after `events` interruptions in `exposure_s` seconds the posterior mean
-    rate is (a + events) / (b + exposure_s); its inverse is the MTBF used. Exposure and events
-    decay with `forget_half_life_s`, so the estimate follows a changing market.
-    """
 
-    def __init__(self, config: CheckpointTunerConfig | None = None) -> None:
-        self.config = config or CheckpointTunerConfig()
-        self._prior_mtbf_s = self.config.prior_mtbf_s
-        self._exposure_s = 0.0
-        self._events = 0.0
-        self._cost_s: float | None = None
-        self._interval_s: float | None = None
+def combined_mtbf_s(first_s: float, second_s: float) -> float:
+    """MTBF of two independent Poisson processes together: 1 / (1/M1 + 1/M2). An infinite one
+    adds nothing, and the other comes back exactly (not via two divisions)."""
+    if first_s == math.inf:
+        return second_s
+    if second_s == math.inf:
+        return first_s
+    return 1.0 / (1.0 / first_s + 1.0 / second_s)
 
-    def set_prior_mtbf(self, mtbf_s: float) -> None:
-        """Replace the prior MTBF (e.g. with the risk model's estimate); +inf means 'no risk'."""
-        if mtbf_s == math.inf:
-            value = math.inf
-        else:
-            value = require_number("mtbf_s", mtbf_s, strictly_positive=True)
-        # An infinite prior would swamp every observation; cap it at 100x the longest interval.
-        self._prior_mtbf_s = min(value, 100.0 * self.config.max_interval_s)
 
-    def observe_exposure(self, duration_s: float, interruptions: int = 0) -> None:
-        """Add `duration_s` s of running during which `interruptions` preemptions/faults hit."""
-        duration = require_number("duration_s", duration_s)
-        if isinstance(interruptions, bool) or not isinstance(interruptions, int) or (
-                interruptions < 0):
-            raise ValueError(f"interruptions={interruptions!r} must be an int >= 0")
-        half_life = self.config.forget_half_life_s
-        if half_life is not None and duration > 0:
-            decay = 0.5 ** (duration / half_life)
-            self._exposure_s *= decay
-            self._events *= decay
-        self._exposure_s += duration
-        self._events += interruptions
-
-    def observe_checkpoint_cost(self, cost_s: float) -> None:
-        """Fold one measured checkpoint cost (seconds the training stalled) into the EMA."""
-        cost = require_number("checkpoint_cost_s", cost_s, strictly_positive=True)
-        beta = self.config.cost_ema_beta
-        self._cost_s = cost if self._cost_s is None else beta * self._cost_s + (1 - beta) * cost
-
-    @property
-    def checkpoint_cost_s(self) -> float | None:
-        return self._cost_s
-
-    @property
-    def mtbf_s(self) -> float:
-        a = self.config.prior_weight_events
-        b = a * self._prior_mtbf_s
-        return (b + self._exposure_s) / (a + self._events)
-
-    def optimal_interval_s(self) -> float:
-        """Daly's (or Young's) interval at the current estimates, clamped to the bounds.
-
-        Before any checkpoint cost is measured there is nothing to optimise: the minimum interval
-        is returned (checkpoint early, then measure), as CheckFreq profiles the first checkpoint.
-        """
-        cfg = self.config
-        if self._cost_s is None:
-            return cfg.min_interval_s
-        formula = daly_interval_s if cfg.use_daly else young_interval_s
-        raw = formula(self._cost_s, self.mtbf_s)
-        return min(cfg.max_interval_s, max(cfg.min_interval_s, raw))
-
-    def retune(self) -> tuple[float, bool]:
-        """(interval_s in force, changed): moves the interval only when the optimum moved enough."""
-        optimum = self.optimal_interval_s()
-        if self._interval_s is None:
-            self._interval_s = optimum
-            return optimum, True
-        if abs(optimum - self._interval_s) > self.config.retune_rel_change * self._interval_s:
-            self._interval_s = optimum
-            return optimum, True
-        return self._interval_s, False
-
-    @property
-    def interval_s(self) -> float | None:
-        """The interval in force (None before the first `retune`)."""
-        return self._interval_s
+def posterior_mtbf_s(prior_mtbf_s: float, prior_weight_events: float, exposure_s: float,
+                     events: float) -> float:
+    """Gamma-Poisson posterior MTBF: with a Gamma(a, b) prior on the rate (a = prior_weight_events,
+    b = a * prior_mtbf_s), after `events` in `exposure_s` seconds the posterior mean rate is
+    (a + events) / (b + exposure_s); this returns its inverse. No evidence returns the prior
+    exactly. An infinite prior carries no weight (it would swamp every observation): the
+    observed rate alone, +inf while nothing was observed."""
+    if exposure_s == 0.0 and events == 0.0:
+        return prior_mtbf_s
+    if prior_mtbf_s == math.inf:
+        return exposure_s / events if events > 0 else math.inf
+    a = prior_weight_events
+    return (a * prior_mtbf_s + exposure_s) / (a + events)
 
 
 @dataclass(slots=True)

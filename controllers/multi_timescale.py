@@ -10,7 +10,9 @@ The same object serves the simulator, the emulated cloud and the real trainer:
 A pending preemption notice cannot wait for the cadence: while one is up, the fast layer runs on
 every `on_step` (it costs microseconds). If a policy raises, the controller records the error and
 returns the safe action (fast: `fast_heuristic.safe_fast_action`; slow: full data, the last
-checkpoint interval, allocation kept) unless `catch_policy_errors=False`.
+checkpoint interval, allocation kept; before any slow action, the checkpoint-interval chooser's
+answer with nothing measured, `controllers.checkpoint_interval.fallback_choice`) unless
+`catch_policy_errors=False`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from controllers.checkpoint_interval import fallback_choice
 from controllers.decisions import Decision, DecisionLog
 from controllers.fast_heuristic import safe_fast_action
 from controllers.fast_types import FastAction, FastObservation, FastPolicy
@@ -79,7 +82,7 @@ class MultiTimescaleController:
                  fast_every_steps: int = 10, slow_every_s: float = 300.0,
                  decision_log: DecisionLog | None = None, *, fast_every_s: float | None = None,
                  catch_policy_errors: bool = True,
-                 fallback_checkpoint_interval_s: float = 600.0) -> None:
+                 fallback_checkpoint_interval_s: float | None = None) -> None:
         if isinstance(fast_every_steps, bool) or not isinstance(fast_every_steps, int) or (
                 fast_every_steps < 1):
             raise ValueError(f"fast_every_steps={fast_every_steps!r} must be an int >= 1")
@@ -92,9 +95,10 @@ class MultiTimescaleController:
         self.fast_every_s = fast_every_s
         self.decision_log = decision_log if decision_log is not None else DecisionLog()
         self.catch_policy_errors = catch_policy_errors
-        self.fallback_checkpoint_interval_s = require_number(
-            "fallback_checkpoint_interval_s", fallback_checkpoint_interval_s,
-            strictly_positive=True)
+        # None: the chooser decides at fall-back time (a swapped rule reaches the fallback too).
+        self.fallback_checkpoint_interval_s = None if fallback_checkpoint_interval_s is None else (
+            require_number("fallback_checkpoint_interval_s", fallback_checkpoint_interval_s,
+                           strictly_positive=True))
         self._last_fast_step: int | None = None
         self._last_fast_elapsed_s = 0.0
         self._last_slow_s: float | None = None
@@ -142,8 +146,14 @@ class MultiTimescaleController:
 
     def _safe_slow_action(self, reason: str) -> SlowAction:
         last = self.last_slow_action
-        interval = last.checkpoint_interval_s if last is not None else (
-            self.fallback_checkpoint_interval_s)
+        if last is not None:
+            interval = last.checkpoint_interval_s
+        elif self.fallback_checkpoint_interval_s is not None:
+            interval = self.fallback_checkpoint_interval_s
+        else:
+            choice = fallback_choice()
+            interval = choice.interval_s
+            reason = f"{reason}; checkpoint every {interval:.0f}s ({choice.rule}: {choice.reason})"
         return SlowAction(pruning_rate=0.0, pruning_upweight=1.0, checkpoint_interval_s=interval,
                           allocation=None, reason=reason,
                           numbers={"checkpoint_interval_s": interval})

@@ -1,11 +1,13 @@
 """The cold-start slow policy: pruning rate and checkpoint interval; allocation is pluggable.
 
 - Pruning rate: `controllers.pruning.decide_pruning_rate` (InfoBatch with a quality guard).
-- Checkpoint interval: `controllers.checkpointing.CheckpointIntervalTuner` (Young/Daly on the
-  running MTBF and checkpoint-cost estimates, re-tuned as they change, CheckFreq-style). The risk
-  model's P(preemption within the horizon), when given, sets the MTBF prior; observed
-  interruptions then outweigh it. Interruptions saved by an on-notice checkpoint
-  (`ClusterSummary.preemptions_saved_by_notice`) do not count: they cost no rework.
+- Checkpoint interval: the one chooser (`controllers/checkpoint_interval.py`, which the
+  allocation heuristic and the trainer's autotune ask too), fed by its `CheckpointIntervalTuner`
+  (running save-cost and interruption estimates, re-tuned as they change, CheckFreq-style). The
+  risk model's P(preemption within the horizon), when given, sets the reclaim MTBF prior; when a
+  save fits in the notice (`ClusterSummary.notice_s`) reclaims lose nothing and only node faults
+  count. Interruptions saved by an on-notice checkpoint
+  (`ClusterSummary.preemptions_saved_by_notice`) are not losses: they cost no rework.
 - Allocation: delegated to the `AllocationPolicy` given to the constructor (None: the action
   carries `allocation=None`, i.e. keep the nodes as they are).
 
@@ -21,12 +23,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from controllers.checkpointing import (
+from controllers.checkpoint_interval import (
     CheckpointIntervalTuner,
     CheckpointTunerConfig,
-    expected_overhead_fraction,
-    mtbf_from_risk_s,
+    fallback_choice,
 )
+from controllers.checkpointing import expected_overhead_fraction, mtbf_from_risk_s
 from controllers.pruning import PruningConfig, check_pruning_inputs, decide_pruning_rate
 from controllers.slow_types import SlowAction, SlowObservation
 from controllers.validation import number_problem
@@ -100,7 +102,8 @@ class HeuristicSlowPolicy:
         return self._tuner
 
     def _fallback(self, bad: list[str]) -> SlowAction:
-        interval = self._tuner.interval_s or self.config.checkpoint.min_interval_s
+        interval = self._tuner.interval_s or fallback_choice(
+            self.config.checkpoint.min_interval_s).interval_s
         return SlowAction(
             pruning_rate=0.0, pruning_upweight=1.0, checkpoint_interval_s=interval,
             allocation=None,
@@ -121,6 +124,7 @@ class HeuristicSlowPolicy:
                                      lossy - self._last_preemptions)
         self._last_observed_for_s = c.observed_for_s
         self._last_preemptions = lossy
+        self._tuner.set_situation(node_count=c.nodes, notice_s=c.notice_s)
         if c.preemption_risk is not None:
             self._tuner.set_prior_mtbf(mtbf_from_risk_s(c.preemption_risk, c.risk_horizon_s))
         if c.checkpoint_cost_s == c.checkpoint_cost_s and c.checkpoint_cost_s > 0:
@@ -132,15 +136,17 @@ class HeuristicSlowPolicy:
             return self._fallback(bad)
         self._update_tuner(observation)
         interval_s, changed = self._tuner.retune()
+        choice = self._tuner.last_choice
         cost = self._tuner.checkpoint_cost_s
-        mtbf = self._tuner.mtbf_s
+        mtbf = choice.mtbf_s
         if cost is None:
             checkpoint_reason = (f"checkpoint every {interval_s:.0f}s (minimum) until a "
-                                 "checkpoint cost is measured")
+                                 f"checkpoint cost is measured (rule {choice.rule})")
         else:
             verb = "re-tuned to" if changed else "kept at"
             checkpoint_reason = (f"checkpoint interval {verb} {interval_s:.0f}s "
-                                 f"(cost {cost:.1f}s, MTBF {mtbf:.0f}s)")
+                                 f"(cost {cost:.1f}s, MTBF {mtbf:.0f}s; rule {choice.rule}: "
+                                 f"{choice.reason})")
         pruning = decide_pruning_rate(observation.data, observation.loss_curve,
                                       observation.progress, self.config.pruning)
         allocation = None
@@ -155,8 +161,9 @@ class HeuristicSlowPolicy:
                        preemptions_saved_by_notice=float(cluster.preemptions_saved_by_notice))
         if cost is not None:
             numbers["checkpoint_cost_s"] = cost
-            numbers["checkpoint_overhead_fraction"] = expected_overhead_fraction(
-                interval_s, cost, mtbf)
+            if math.isfinite(mtbf) and math.isfinite(interval_s):
+                numbers["checkpoint_overhead_fraction"] = expected_overhead_fraction(
+                    interval_s, cost, mtbf)
         return SlowAction(
             pruning_rate=pruning.rate, pruning_upweight=pruning.upweight,
             checkpoint_interval_s=interval_s, allocation=allocation,

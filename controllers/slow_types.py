@@ -67,6 +67,10 @@ class ClusterSummary:
     # to complete (nothing lost). Periodic checkpoints need not guard against them, so the
     # Young/Daly interval counts only the others. 0 = count every interruption.
     preemptions_saved_by_notice: int = 0
+    # Notice a reclaim gives the trainer (AWS: 120 s). When a save fits in it, reclaims lose
+    # nothing and the checkpoint interval insures against node faults only
+    # (`controllers/checkpoint_interval.py`). 0: none or unknown, reclaims are taken to lose work.
+    notice_s: float = 0.0
 
     @property
     def mean_time_between_preemptions_s(self) -> float:

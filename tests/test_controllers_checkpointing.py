@@ -2,9 +2,8 @@ import math
 
 import pytest
 
+from controllers.checkpoint_interval import CheckpointIntervalTuner, CheckpointTunerConfig
 from controllers.checkpointing import (
-    CheckpointIntervalTuner,
-    CheckpointTunerConfig,
     daly_interval_s,
     expected_overhead_fraction,
     mtbf_from_risk_s,
@@ -54,9 +53,11 @@ def test_mtbf_from_risk_inverts_poisson_probability():
 
 
 def test_tuner_uses_posterior_mtbf_and_measured_cost():
+    # No separate node-fault term: the 4 h prior stands for every interruption here.
     tuner = CheckpointIntervalTuner(CheckpointTunerConfig(prior_mtbf_s=4 * 3600.0,
                                                           forget_half_life_s=None,
-                                                          use_daly=False))
+                                                          use_daly=False,
+                                                          fault_rate_per_node_h=0.0))
     assert tuner.mtbf_s == 4 * 3600.0
     assert tuner.optimal_interval_s() == tuner.config.min_interval_s  # no cost measured yet
     tuner.observe_exposure(10 * 3600.0, interruptions=10)

@@ -121,7 +121,8 @@ def test_the_trainer_retunes_its_interval_by_young_daly(tmp_path):
     # Before a save is measured: the floor (save early, then measure, as CheckFreq profiles).
     assert tuned[0]["step"] == 4 and tuned[0]["action"]["checkpoint_interval_s"] == 1e-6
     assert saved(result)[4] == "interval"
-    # Then Daly's interval from the measured save cost and the MTBF (calm prior: 4 h).
+    # Then Daly's interval from the measured save cost and the MTBF (the save fits the notice:
+    # node faults alone set it).
     second = tuned[1]
     cost, mtbf = second["numbers"]["checkpoint_cost_s"], second["numbers"]["mtbf_s"]
     assert second["action"]["checkpoint_interval_s"] == pytest.approx(daly_interval_s(cost, mtbf))
@@ -130,14 +131,26 @@ def test_the_trainer_retunes_its_interval_by_young_daly(tmp_path):
     assert saved(result) == {4: "interval", 5: "interval", 6: "interval", 7: "interval",
                              24: "final"}
 
-    # The live risk (the hazard model's) shortens the MTBF, so the tuned interval.
+    # The live risk (the hazard model's) shortens the MTBF, so the tuned interval, when a
+    # reclaim loses work: here the notice is unknown (0 s), so no save fits in it.
+    unnoticed = dataclasses.replace(config, preemption_notice_s=0.0)
+    calm = train(unnoticed, examples, None, tmp_path / "calm-unnoticed")
+    calm_tuned = [d for d in events(calm, "decision") if d["policy"] == "checkpoint_autotune"]
     out = tmp_path / "risky"
     write_live_control(out / LIVE_CONTROL_FILE, preemption_risk=0.99, reason="reclaims")
-    risky = train(config, examples, None, out)
+    risky = train(unnoticed, examples, None, out)
     risky_tuned = [d for d in events(risky, "decision") if d["policy"] == "checkpoint_autotune"]
-    assert risky_tuned[1]["numbers"]["mtbf_s"] < mtbf / 10
+    assert risky_tuned[1]["numbers"]["mtbf_s"] < calm_tuned[1]["numbers"]["mtbf_s"] / 10
     assert (risky_tuned[1]["action"]["checkpoint_interval_s"]
-            < second["action"]["checkpoint_interval_s"])
+            < calm_tuned[1]["action"]["checkpoint_interval_s"])
+    # With the notice the trainer really gets and a save that fits in it, a reclaim loses
+    # nothing: the same risk leaves the interval to node faults (the one chooser's rule).
+    noticed_out = tmp_path / "risky-noticed"
+    write_live_control(noticed_out / LIVE_CONTROL_FILE, preemption_risk=0.99, reason="reclaims")
+    noticed = train(config, examples, None, noticed_out)
+    noticed_tuned = [d for d in events(noticed, "decision")
+                     if d["policy"] == "checkpoint_autotune"]
+    assert noticed_tuned[1]["numbers"]["mtbf_s"] == pytest.approx(mtbf, rel=1e-6)
 
 
 def test_an_observed_preemption_shortens_the_tuned_mtbf(tmp_path):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from controllers.checkpoint_interval import DEFAULT_MIN_INTERVAL_S
+from controllers.checkpointing import SPOT_NOTICE_S
 from training.model import CNNConfig, GPTConfig
 
 
@@ -39,7 +41,10 @@ class TrainConfig:
     eval_batch_size: int = 64
     """examples per held-out batch"""
     checkpoint_every_steps: int = 100
-    """periodic checkpoint interval; 0 = only on stop, preemption, policy request and the end"""
+    """the run's own periodic checkpoint interval, in steps, until an interval in seconds arrives
+    from the checkpoint-interval chooser (controllers.checkpoint_interval: the slow layer's via
+    the live-control file, or checkpoint_autotune); 0 = only on stop, preemption, policy request
+    and the end"""
     keep_checkpoints: int = 2
     """newest step checkpoints kept in <out_dir>/checkpoints (older ones are deleted)"""
     async_checkpoints: bool = True
@@ -59,7 +64,7 @@ class TrainConfig:
     """telemetry/run name; empty = the checkpoint's run id on resume, else a new one"""
     model: GPTConfig | CNNConfig | None = None
     """model architecture; None = the default for the data (GPT over its vocab, or the CNN)"""
-    preemption_notice_s: float = 120.0
+    preemption_notice_s: float = SPOT_NOTICE_S
     """notice a spot preemption gives (AWS: two minutes); reported to the fast policy"""
     telemetry_events_per_segment: int = 1000
     """events per telemetry segment before it is sealed and the next one starts"""
@@ -68,10 +73,11 @@ class TrainConfig:
     """live-control file read at fast ticks (checkpoint interval, preemption risk); empty =
     <out_dir>/live_control.json, the run folder's own (training.live_control.LIVE_CONTROL_FILE)"""
     checkpoint_autotune: bool = False
-    """re-tune the checkpoint interval at fast ticks by Young/Daly from the observed hazard and
-    the measured save cost (controllers.checkpointing.CheckpointIntervalTuner); a live interval
-    takes precedence; False = checkpoint_every_steps until a live interval arrives"""
-    checkpoint_min_interval_s: float = 60.0
+    """re-tune the checkpoint interval at fast ticks with the one checkpoint-interval chooser
+    (controllers.checkpoint_interval, which the slow layer and the allocation heuristic ask too)
+    from the observed hazard and the measured save cost; a live interval takes precedence;
+    False = checkpoint_every_steps until a live interval arrives"""
+    checkpoint_min_interval_s: float = DEFAULT_MIN_INTERVAL_S
     """the autotuned interval's floor (seconds): never checkpoint more often than this"""
     # -- lever guard (controllers.lever_guard; issue 12) --
     lever_guard: bool = False

@@ -18,11 +18,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Self
 
-from controllers.checkpointing import (
+from controllers.checkpoint_interval import (
+    DEFAULT_MAX_INTERVAL_S,
     CheckpointIntervalTuner,
     CheckpointTunerConfig,
-    mtbf_from_risk_s,
 )
+from controllers.checkpointing import mtbf_from_risk_s
 from controllers.fast_types import FastAction, FastObservation, PreemptionResponse
 from controllers.lever_guard import LeverGuard, LeverVerdict, StepCostGuard
 from training.live_control import RISK_HORIZON_S, LiveControl, read_live_control
@@ -216,10 +217,12 @@ class LiveDecisions:
 
     def retune(self, *, exposure_s: float, past_interruptions: int,
                elapsed_before_s: float) -> tuple[float, bool] | None:
-        """Young/Daly from the observed hazard and the measured save cost (None: no tuner).
+        """The checkpoint-interval chooser's answer (`controllers.checkpoint_interval`, the one
+        the slow layer and the allocation heuristic ask too) from the observed hazard and the
+        measured save cost (None: no tuner).
 
-        Hazard: the run's preempted/migrated ends so far over its elapsed seconds (the prior, a
-        calm market, is replaced by the live risk's MTBF when one is given)."""
+        Hazard: the run's preempted/migrated ends so far over its elapsed seconds (the reclaim
+        prior, a calm market, is replaced by the live risk's MTBF when one is given)."""
         if self.tuner is None:
             return None
         if not self.hazard_seeded:
@@ -233,9 +236,18 @@ class LiveDecisions:
         return interval_s, changed
 
 
-def tuner_for(min_interval_s: float) -> CheckpointIntervalTuner:
-    return CheckpointIntervalTuner(CheckpointTunerConfig(
-        min_interval_s=min_interval_s, max_interval_s=max(min_interval_s, 6 * 3600.0)))
+def tuner_for(min_interval_s: float, *, notice_s: float = 0.0,
+              node_count: int = 1) -> CheckpointIntervalTuner:
+    """The in-loop autotune's estimates for the one checkpoint-interval chooser.
+
+    `notice_s`: the notice a reclaim gives the trainer (`TrainConfig.preemption_notice_s`); when
+    the measured save fits in it, reclaims lose nothing and only node faults set the interval.
+    The loop passes its `preemption_notice_s`; 0: unknown, so reclaims are taken to lose work."""
+    tuner = CheckpointIntervalTuner(CheckpointTunerConfig(
+        min_interval_s=min_interval_s,
+        max_interval_s=max(min_interval_s, DEFAULT_MAX_INTERVAL_S)))
+    tuner.set_situation(node_count=node_count, notice_s=notice_s)
+    return tuner
 
 
 BATCH_LEVER, PRUNING_LEVER = "batch", "pruning"

@@ -165,7 +165,10 @@ class LoopRun:
         live_path = Path(self.config.live_control_path or self.out_dir / LIVE_CONTROL_FILE)
         self.live = fast.LiveDecisions(
             path=live_path,
-            tuner=(fast.tuner_for(self.config.checkpoint_min_interval_s)
+            # The notice the trainer gets: when a measured save fits in it, a reclaim loses
+            # nothing and only node faults set the interval (the one chooser's rule).
+            tuner=(fast.tuner_for(self.config.checkpoint_min_interval_s,
+                                  notice_s=self.config.preemption_notice_s)
                    if self.config.checkpoint_autotune else None),
         )
         self._interval_steps: int | None = None  # None: config.checkpoint_every_steps

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from controllers.checkpointing import SPOT_NOTICE_S
+
 # The train job's risk rule; re-exported here, where the tests and benchmarks name it.
 from controllers.preemption_risk import observed_reclaim_risk as preemption_risk
 from controllers.slow_heuristic import HeuristicSlowPolicy
@@ -87,7 +89,12 @@ def observe(events: list[dict[str, Any]], request: dict[str, Any],
     steps = [e for e in events if e["type"] == "step"]
     evals = [e for e in events if e["type"] == "eval" and e.get("eval_loss") is not None]
     saves = [e["save_ms"] / 1000.0 for e in events if e["type"] == "checkpoint"]
-    preemptions = sum(1 for e in events if e["type"] == "preemption")
+    notices = [e for e in events if e["type"] == "preemption"]
+    preemptions = len(notices)
+    # A reclaim whose on-notice save finished lost nothing: the checkpoint interval need not
+    # guard against it (`ClusterSummary.preemptions_saved_by_notice`).
+    saved_on_notice = sum(1 for e in events if e["type"] == "checkpoint"
+                          and e.get("reason") == "preemption")
     last = steps[-1] if steps else None
     step = last["step"] if last else 0
     elapsed_s = last["elapsed_s"] if last else 0.0
@@ -98,6 +105,11 @@ def observe(events: list[dict[str, Any]], request: dict[str, Any],
     spot_nodes = nodes if gang_record.get("market") == "spot" else 0
     # Reclaims the provider answered (each also a trainer preemption) or preemptions recorded.
     preemptions = max(preemptions, int(gang_record.get("reclaims") or 0))
+    # The notice the trainer gets (the last one it saw, else the request's, else the trainer's
+    # default): with it the checkpoint-interval chooser knows whether a save fits, so whether
+    # reclaims cost rework.
+    notice_s = float(notices[-1].get("notice_s") or 0.0) if notices else float(
+        request.get("preemption_notice_s", SPOT_NOTICE_S))
     return SlowObservation(
         time_s=elapsed_s,
         step=step,
@@ -111,6 +123,8 @@ def observe(events: list[dict[str, Any]], request: dict[str, Any],
         cluster=ClusterSummary(nodes=nodes, spot_nodes=spot_nodes,
                                on_demand_nodes=nodes - spot_nodes,
                                preemptions_observed=preemptions, observed_for_s=elapsed_s,
+                               preemptions_saved_by_notice=min(saved_on_notice, preemptions),
+                               notice_s=notice_s,
                                checkpoint_cost_s=(sum(saves) / len(saves)) if saves
                                else math.nan,
                                preemption_risk=preemption_risk(preemptions, elapsed_s,
