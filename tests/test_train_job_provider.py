@@ -115,15 +115,13 @@ class MoveAt(NoOpFastPolicy):
 
 
 @pytest.mark.parametrize("spot_in_target, landed", [(1, "spot"), (0, "on_demand")])
-def test_slow_layers_new_allocation_moves_the_live_run(state, monkeypatch, spot_in_target,
-                                                       landed):
+def test_slow_layers_new_allocation_moves_the_live_run(state, spot_in_target, landed):
     cloud = provider(market("us-east-1a", [1] * 100_000),
                      market("us-east-1c", [spot_in_target] * 100_000))
     target = gang.Allocation(market="spot", zone="us-east-1c", nodes=1, reason="cheaper zone",
                              source="slow_policy")
-    monkeypatch.setattr(runs, "fast_policy",
-                        lambda name: MoveAt(state / "runs" / "run-a", 2, target))
-    summary = run(state, request(max_steps=8), provider=cloud)
+    summary = run(state, request(max_steps=8), provider=cloud,
+                  fast_policy=MoveAt(state / "runs" / "run-a", 2, target))
     assert summary.status == "completed" and summary.steps == 8
     assert [(n["market"], n["zone"]) for n in launched(state)] == [
         ("on_demand", "us-east-1a"), (landed, "us-east-1c")]
@@ -212,17 +210,21 @@ def test_aws_gang_launches_the_allocation_and_replaces_a_reclaimed_node(moto_url
     ec2 = _ec2_instance(moto_url, first.node_id)
     assert ec2["InstanceLifecycle"] == "spot"
     assert ec2["Placement"]["AvailabilityZone"] == "us-east-1a"
-    # The spot market takes the instance back; the session's check answers with SIGTERM to
-    # this process (caught here as the training loop's handler would).
-    got: list[int] = []
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    # The spot market takes the instance back; the session's check asks the training loop of
+    # this process to stop (`training.loop.request_stop`), the loop's notice, and signals no one.
+    from training._loop_fast import PreemptionSignal
+
+    sent: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sent.append(signum))
     try:
-        boto3.client("ec2", endpoint_url=moto_url, region_name=REGION).terminate_instances(
-            InstanceIds=[first.node_id])
-        session.check()
+        with PreemptionSignal() as notice:  # what the loop holds while it trains
+            boto3.client("ec2", endpoint_url=moto_url, region_name=REGION).terminate_instances(
+                InstanceIds=[first.node_id])
+            session.check()
     finally:
         signal.signal(signal.SIGTERM, previous)
-    assert got == [signal.SIGTERM] and session.reclaims == 1
+    assert notice.pending and notice.signal_name.startswith("provider notice (reclaim")
+    assert sent == [] and session.reclaims == 1
     assert session.replace()
     [second] = session.nodes
     assert second.node_id != first.node_id

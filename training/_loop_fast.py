@@ -28,6 +28,9 @@ from controllers.fast_types import FastAction, FastObservation, PreemptionRespon
 from controllers.lever_guard import LeverGuard, LeverVerdict, StepCostGuard
 from training.live_control import RISK_HORIZON_S, LiveControl, read_live_control
 
+# The loops noting notices in this process, innermost last (`request_stop` tells that one).
+_ACTIVE_NOTICES: list[PreemptionSignal] = []
+
 
 class PreemptionSignal:
     """Context manager: while active, SIGTERM sets a flag instead of killing the process.
@@ -44,6 +47,7 @@ class PreemptionSignal:
         self._received_monotonic: float | None = None
 
     def __enter__(self) -> Self:
+        _ACTIVE_NOTICES.append(self)  # first: whoever sees the handler may `request_stop`
         if threading.current_thread() is threading.main_thread():
             for signum in self.signals:
                 self._previous[signum] = signal.signal(signum, self._handle)
@@ -53,6 +57,8 @@ class PreemptionSignal:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous.clear()
+        if self in _ACTIVE_NOTICES:
+            _ACTIVE_NOTICES.remove(self)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.notify(signal.Signals(signum).name)
@@ -73,6 +79,17 @@ class PreemptionSignal:
         if self._received_monotonic is None:
             return None
         return max(0.0, notice_s - (time.monotonic() - self._received_monotonic))
+
+
+def request_stop(reason: str) -> None:
+    """The stop a SIGTERM asks of the running loop, without a signal: it checkpoints at the
+    next step boundary and returns "preempted". For a caller in the same process that holds the
+    node (the in-process engine's provider session), so no process signals itself; `reason` is
+    what the preemption event records as the notice. Raises RuntimeError when no loop runs."""
+    if not _ACTIVE_NOTICES:
+        raise RuntimeError(f"request_stop({reason!r}): no training loop is running in this "
+                           "process; stop a trainer process by SIGTERM to its pid instead")
+    _ACTIVE_NOTICES[-1].notify(reason)
 
 
 def validate_action(action: FastAction, policy_name: str, world_size: int = 1) -> None:
@@ -96,12 +113,23 @@ def validate_action(action: FastAction, policy_name: str, world_size: int = 1) -
         )
     if not isinstance(action.preemption_response, PreemptionResponse):
         raise TypeError(f"{where} preemption_response={action.preemption_response!r}")
+    # Extras are applied by their registered lever (controllers.fast_levers): a key no lever
+    # applies would be recorded as decided but never honoured.
+    from controllers.fast_levers import extras_problems
+    problems = extras_problems(action.extras)
+    if problems:
+        raise ValueError(f"{where} {'; '.join(problems)}")
 
 
 def action_record(action: FastAction) -> dict[str, Any]:
     record = dataclasses.asdict(action)
     record["preemption_response"] = action.preemption_response.value
     record["rank_work_shares"] = list(action.rank_work_shares)
+    # Only an action that turns an extra knob records `extras`: the records of every other
+    # action keep their shape (ingestion, dashboards).
+    extras = record.pop("extras", None)
+    if extras:
+        record["extras"] = dict(extras)
     return record
 
 

@@ -57,6 +57,7 @@ from telemetry.reader import latest_recorded
 from telemetry.writer import SegmentWriter, rank_dir
 from training import distributed
 from training._loop_config import TrainConfig, get_lr
+from training._loop_fast import request_stop
 from training._loop_persist import CheckpointInfo, CheckpointWriteError
 from training._loop_run import LoopRun, Status, TrainingStoppedError
 from training._loop_state import RunState, check_examples_fit, default_model_config, restore_state
@@ -91,7 +92,7 @@ from training.run_lock import RunFolderLock, RunFolderLockedError
 from training.sampler import CurriculumSampler, DynamicPruningSampler, TrainSampler
 
 __all__ = ["CheckpointInfo", "CheckpointWriteError", "RunFolderLockedError", "Status",
-           "TrainConfig", "TrainResult", "TrainingStoppedError", "get_lr", "train"]
+           "TrainConfig", "TrainResult", "TrainingStoppedError", "get_lr", "request_stop", "train"]
 
 
 @dataclass(frozen=True)

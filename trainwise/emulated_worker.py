@@ -104,12 +104,15 @@ class SigtermOutsideTheLoop:
             threading.Thread(target=self._forward, name="sigterm-forward", daemon=True).start()
 
     def _forward(self) -> None:
-        """Inside `train()` before its loop installed its handler: send the notice again once it
-        has (the loop then checkpoints and stops as usual). A loop that already ended never
-        installs it again: `train()` returns and this thread ends."""
+        """Inside `train()` before its loop installed its handler: hand the loop the notice once
+        it has (`training.loop.request_stop`; the loop then checkpoints and stops as usual). A
+        loop that already ended never installs it again: `train()` returns, this thread ends."""
         while not self._train_returned.wait(_FORWARD_POLL_S):
             if signal.getsignal(signal.SIGTERM) is not self._handler:
-                os.kill(os.getpid(), signal.SIGTERM)
+                # The loop notes notices now: hand it this one directly (no signal to ourselves).
+                from training.loop import request_stop
+
+                request_stop("SIGTERM")
                 return
 
 

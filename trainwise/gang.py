@@ -13,8 +13,9 @@ on, and the provider's bill is the run's cloud bill. `GangSession`, in order:
    boundary, on the main thread) the provider's clock moves on (emulated: wall seconds x replay
    speed, so the replayed trace decides reclaims) and its events are polled. A notice for one of
    our nodes, or a new allocation in the run folder's `allocation.json` (the slow layer's
-   decision, `write_allocation`), sends this process SIGTERM, as a node agent would: the loop
-   checkpoints at the next step boundary and returns "preempted".
+   decision, `write_allocation`), asks the loop in this process to stop
+   (`training.loop.request_stop`: the stop a node agent's SIGTERM asks for, but no process
+   signals itself): the loop checkpoints at the next step boundary and returns "preempted".
 3. `replace()` after such a stop: the old nodes are released (a reclaimed one is already gone,
    billed until the loop stopped, at most the notice), the replacement launched (the allocation
    asked for; when the provider refuses a spot launch, on-demand in the same zone: a recorded
@@ -40,8 +41,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -186,7 +185,7 @@ class GangSession:
     reclaims: int = 0
     replacements: int = 0
     fallbacks: list[str] = field(default_factory=list)
-    stop_reason: str = ""  # why this process was sent SIGTERM in the current segment
+    stop_reason: str = ""  # why the loop was asked to stop in the current segment
     failure: str = ""  # why the run could not go on (a replacement that could not be launched)
     # Provider seconds the job trained on booted nodes (segments between boot and stop).
     train_provider_s: float = 0.0
@@ -267,7 +266,7 @@ class GangSession:
 
     def check(self) -> None:
         """Move the provider's clock, poll its events and the allocation file; a reclaim notice
-        or a new allocation SIGTERMs this process (once per segment). Main thread only."""
+        or a new allocation asks the loop to stop (once per segment)."""
         if self.stop_reason:
             return
         provider = self.provider
@@ -328,10 +327,13 @@ class GangSession:
             self._record("notice", f"{reason}: {done.get('what', 'the gang was told')}",
                          {"noticed": [n.node_id for n in self.noticed], **done})
             return
-        self._record("notice", f"{reason}: SIGTERM to trainer pid {os.getpid()}",
-                     {"pid": os.getpid()})
-        if threading.current_thread() is threading.main_thread():
-            os.kill(os.getpid(), signal.SIGTERM)
+        # The loop in this process is told directly (`training.loop.request_stop`), as a node
+        # agent's SIGTERM would tell it: no process signals itself.
+        self._record("notice", f"{reason}: stop requested of the training loop in pid "
+                     f"{os.getpid()}", {"pid": os.getpid()})
+        from training.loop import request_stop  # torch-heavy: loaded with the loop it stops
+
+        request_stop(f"provider notice ({reason[:80]})")
 
     # -- after a segment --------------------------------------------------------------------
     def replace(self) -> bool:
