@@ -7,6 +7,7 @@ action) and `controllers/` (which decides). Units are in the field names.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -54,6 +55,11 @@ class FastAction:
     preemption_response: PreemptionResponse = PreemptionResponse.CONTINUE
     reason: str = ""
     numbers: dict[str, float] = field(default_factory=dict)
+    # Knobs beyond the fields above, one per registered lever that controls one
+    # (`controllers.fast_levers`): lever name -> value, applied by that lever's `apply`. Empty:
+    # every such knob stays as it is. Last with a default, so positional construction (rl/)
+    # keeps working.
+    extras: Mapping[str, float | int | str] = field(default_factory=dict)
 
 
 class FastPolicy(Protocol):

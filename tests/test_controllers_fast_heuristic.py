@@ -83,7 +83,7 @@ def test_unusable_noise_scale_estimate_keeps_batch_without_a_fallback(estimate):
     a = policy.act(obs(grad_noise_scale=estimate, rank_step_time_ms=(100.0, 100.0)))
     assert not a.reason.startswith("fallback")
     assert "ignored" in a.reason and (a.micro_batch_size, a.grad_accum_steps) == (16, 2)
-    assert policy._batch.b_noise_ema == 60.0
+    assert policy.lever("batch_scaling").scaler.b_noise_ema == 60.0
 
 
 def test_shares_follow_throughput_in_a_loop():
@@ -176,7 +176,7 @@ def test_bad_observation_does_not_poison_the_smoothing():
     policy = HeuristicFastPolicy()
     policy.act(obs(grad_noise_scale=100.0))
     policy.act(obs(grad_noise_scale=-1e9, train_loss=math.nan))
-    assert policy._batch.b_noise_ema == 100.0
+    assert policy.lever("batch_scaling").scaler.b_noise_ema == 100.0
 
 
 def test_bad_observation_fields_lists_all_problems():

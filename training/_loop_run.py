@@ -421,6 +421,10 @@ class LoopRun:
         # an unchanged rate gives a factor of exactly 1.0 (bitwise no-op).
         if action.learning_rate != learning_rate:
             self.run.lr_scale *= action.learning_rate / learning_rate
+        # Knobs beyond FastAction's fields: each registered lever applies its own key
+        # (controllers.fast_levers); an action without extras (most policies) changes nothing.
+        from controllers.fast_levers import apply_extras
+        apply_extras(self, getattr(action, "extras", None) or {})
 
     def _gang_share(self, value: Any) -> Any:
         """Rank 0's value on every rank (a gang broadcasts it); a single process keeps its own."""
