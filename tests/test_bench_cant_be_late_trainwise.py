@@ -46,19 +46,47 @@ def test_quick_report_structure(quick_report):
     assert document["stride"] == T.QUICK_STRIDE and document["quick"] is True
     summary = {r["collection"]: r for r in document["summary"]}
     assert set(summary) == set(S.COLLECTIONS.values())
+    published = {key[:3]: usd for key, usd in S.load_reference().policy.items()
+                 if key[3] == "uniform_progress"}
     for folder, row in summary.items():
         offsets = len(S.load_reference().offsets(folder)[::T.QUICK_STRIDE])
         assert row["zones"] == T.QUICK_ZONES and row["windows"] == T.QUICK_ZONES * offsets
         ratio = row["vs_uniform_progress_published"]
         assert ratio["value"] == pytest.approx(
             row["mean_trainwise_usd"] / row["mean_uniform_progress_published_usd"])
-        assert row["goal_met"] == (ratio["value"] <= T.GOAL_VS_PUBLISHED_UP)
-        assert 0.0 <= row["costlier_than_uniform_progress_share"] <= 1.0
+        # Issue 9's goal as the README states it: <= 0.90x the published Uniform Progress.
+        assert row["goal_met"] == (ratio["value"] <= 0.90)
+        high = ratio["high"]
+        assert row["goal_met_interval_high"] == (high is not None and high <= 0.90)
         assert row["independent_windows"] <= row["offsets"]
         zones = document["windows"]["cost_usd"][folder]
         assert sum(len(costs) for costs in zones.values()) == row["windows"]
+        # The share costlier than the published Uniform Progress, from the windows themselves
+        # (trainwise's stored cost against the reference's figure for the same zone and start;
+        # both are rounded to 4 decimals, the tolerance is the suite's 1e-3 USD).
+        costlier = [cost > published[(folder, zone, int(offset))] + T.OPTIMUM_TOLERANCE_USD
+                    for zone, costs in zones.items() for offset, cost in costs.items()]
+        assert row["costlier_than_uniform_progress_share"] == sum(costlier) / row["windows"]
         assert f"| {folder} | {row['windows']} (" in markdown
     assert "Only the risk model is out of sample" in markdown
+    assert "<= 0.90x" in markdown
+
+
+def _made_up_result(trainwise_usd: float) -> dict:
+    """One collection, 2 zones x 4 offsets, every window at the same costs (no processes)."""
+    rows = [{"folder": "f", "zone": zone, "offset": offset, "cost_usd": trainwise_usd,
+             "uniform_progress_published_usd": 100.0, "greedy_published_usd": 110.0,
+             "on_demand_published_usd": 150.0, "optimum_exact_usd": 80.0, "deadline_met": True}
+            for zone in ("a", "b") for offset in (0, 1000, 2000, 3000)]
+    return {"rows": rows, "models": {"f": {"window_ticks": 500}}}
+
+
+def test_the_goal_line_is_issue_9s_0_90x_of_the_published_uniform_progress():
+    [at_goal] = T.summarize(_made_up_result(90.0))  # exactly 0.90x: met
+    assert at_goal["vs_uniform_progress_published"]["value"] == 0.90
+    assert at_goal["goal_met"] is True and at_goal["goal_met_interval_high"] is True
+    [above] = T.summarize(_made_up_result(90.1))  # 0.901x: not met
+    assert above["goal_met"] is False and above["goal_met_interval_high"] is False
 
 
 def test_trainwise_never_beats_the_exact_optimum_and_meets_every_deadline():

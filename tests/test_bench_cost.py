@@ -9,6 +9,7 @@ import json
 import pytest
 
 from benchmarks.cost import main
+from benchmarks.results_io import machine
 from cloud.traces import default_spot_dir
 
 pytestmark = pytest.mark.skipif(not default_spot_dir().is_dir(), reason="shared spot data missing")
@@ -31,7 +32,7 @@ def test_quick_suite_writes_table_json_and_plot(quick_run):
     assert status == 0
     document = json.loads((out / "cost.json").read_text())
     assert document["meta"]["command"].startswith("python -m benchmarks.cost --quick")
-    assert document["meta"]["machine"]["cpu_count"] >= 1
+    assert document["meta"]["machine"] == machine()
     assert set(document["policies"]) == POLICIES
     headline = document["headline"]
     cells = {(r["protocol"], r["setting"], r["kind"], r["synthetic"]) for r in headline}
@@ -49,8 +50,19 @@ def test_quick_suite_writes_table_json_and_plot(quick_run):
     types = {r["instance_type"] for r in headline
              if r["collection"] == "availability-1node-aws-2022-10"}
     assert types == {"p2.xlarge", "p2.8xlarge", "p3.2xlarge", "p3.16xlarge"}
+    # Each policy row's robustness from its own windows' results: misses are the results that
+    # finish after the deadline (or never), the worst window is the highest cost / on-demand.
     for row in document["policy_rows"]:
-        assert row["worst_vs_on_demand"] is not None and row["deadline_misses"] >= 0
+        mine = [s for s in document["scenarios"]
+                if (s["protocol"], s["setting"], s["kind"]) == (row["protocol"], row["setting"],
+                                                                 row["kind"])]
+        assert len(mine) == row["windows"]
+        late = [s for s in mine if s["results"][row["policy"]]["finish_h"] is None
+                or s["results"][row["policy"]]["finish_h"] > s["deadline_h"]]
+        assert row["deadline_misses"] == len(late), row["policy"]
+        assert row["worst_vs_on_demand"] == pytest.approx(max(
+            s["results"][row["policy"]]["cost_usd"] / s["results"]["on_demand"]["cost_usd"]
+            for s in mine), rel=1e-4), row["policy"]
     markdown = (out / "cost.md").read_text()
     headlines, synthetic_part = markdown.split("## SYNTHETIC market", 1)
     assert "## Headline, leave-one-collection-out" in headlines

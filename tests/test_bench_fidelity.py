@@ -35,6 +35,12 @@ def test_summary_reports_median_and_worst_absolute_errors_and_the_goal():
     assert s["preemptions_exact"] == 2
     assert s["goal_met"] is False
     assert fidelity.summarise(rows[:2])["goal_met"] is True
+    # The goal is 5% (README), both figures, either sign; exactly 5% still meets it.
+    assert fidelity.summarise([_row(0.05, -0.05)])["goal_met"] is True
+    edge = fidelity.summarise([_row(0.049, -0.02), _row(-0.051, 0.01), _row(0.01, 0.051)])
+    assert edge["goal_met"] is False
+    assert edge["cost"]["windows_within_goal"] == 2 and edge["completion"][
+        "windows_within_goal"] == 2
 
 
 def test_same_view_shows_the_emulated_work_and_drops_interval_requests():
@@ -112,11 +118,12 @@ def test_quick_run_writes_per_window_predicted_and_measured(tmp_path):
     assert row["measured_source"] != row["predicted_source"]
     for key in ("cost_usd", "completion_s", "preemptions"):
         assert key in row["measured"] and key in row["predicted"]
+    # The row's errors are its own predicted figures against its own measured ones (the error
+    # itself: test_rel_err_is_predicted_minus_measured_over_measured).
     m, p = row["measured"], row["predicted"]
-    assert row["rel_err"]["cost"] == pytest.approx((p["cost_usd"] - m["cost_usd"])
-                                                   / m["cost_usd"])
-    assert row["rel_err"]["completion"] == pytest.approx(
-        (p["completion_s"] - m["completion_s"]) / m["completion_s"])
+    assert row["rel_err"]["cost"] == fidelity.rel_err(p["cost_usd"], m["cost_usd"])
+    assert row["rel_err"]["completion"] == fidelity.rel_err(p["completion_s"], m["completion_s"])
+    assert payload["goal_rel_err"] == 0.05  # README: 5%
     assert payload["calibration"]["runs"][0]["policy"] == "on_demand"
     assert payload["summary"]["cost"]["windows"] == 1
 

@@ -11,7 +11,6 @@ import hashlib
 import json
 import logging
 import threading
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -94,11 +93,23 @@ def test_upload_survives_the_endpoint_going_away(moto, tmp_path, caplog):
 
     uploader = CheckpointUploader(store, "checkpoints/pystdlib/run1", backoff=backoff)
     caplog.set_level(logging.WARNING, logger="trainwise.upload")
+    failed_try = threading.Event()  # set by the uploader's first "failed ..., retrying" warning
+
+    class OnRetry(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "retrying" in record.getMessage():
+                failed_try.set()
+
+    on_retry = OnRetry(logging.WARNING)
+    logging.getLogger("trainwise.upload").addHandler(on_retry)
     moto.stop()
     with pytest.raises(ServiceUnreachableError, match=BUCKET):
         store.check_reachable()
     uploader.submit(write_checkpoint(tmp_path / "local", 20))
-    time.sleep(1.5)  # a few failed tries while the endpoint is down
+    try:  # the endpoint comes back only after a try failed against it (the bound: a hang)
+        assert failed_try.wait(timeout=120), "the upload never tried the stopped endpoint"
+    finally:
+        logging.getLogger("trainwise.upload").removeHandler(on_retry)
     restarted = threading.Thread(target=moto.start)
     restarted.start()
     report = uploader.drain(timeout_s=90)

@@ -210,7 +210,7 @@ def test_goodput_refresh_cannot_switch_the_lever_on_from_contention():
 def test_noise_scale_is_measured_only_on_due_steps():
     import torch
 
-    from training._loop_step import GradNoiseScale, train_step
+    from training._loop_step import STEP_CPU, GradNoiseScale, train_step
 
     class Sampler:
         phase = "full"
@@ -239,12 +239,16 @@ def test_noise_scale_is_measured_only_on_due_steps():
     model = Tiny()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     noise = GradNoiseScale(every_steps=5)
+    cpu_before, cpu_s = STEP_CPU.total_s, []
     for step in range(10):
         outcome = train_step(model=model, optimizer=optimizer, sampler=Sampler(),
                              examples=Examples(), step=step, learning_rate=0.1, micro_batch_size=4,
                              grad_accum_steps=2, grad_clip=1.0, noise_scale=noise)
-        assert outcome.cpu_s >= 0.0
+        cpu_s.append(outcome.cpu_s)
     assert noise.updates == 2  # steps 0 and 5 only
+    # Each step's CPU time is measured (not left at the 0.0 default) and added to the clock.
+    assert sum(cpu_s) > 0.0
+    assert STEP_CPU.total_s - cpu_before == pytest.approx(sum(cpu_s))
 
 
 def test_throughput_profile_stops_where_a_bigger_batch_is_not_faster_per_sample():

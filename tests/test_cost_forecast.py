@@ -44,8 +44,11 @@ def test_forecast_percentiles_and_deadline_risk_on_the_embedded_market():
     on_demand, spot = results["od"], results["spot"]
     assert on_demand.p50_usd == on_demand.p90_usd  # on-demand cost does not depend on the start
     assert on_demand.deadline_risk == 0.0
-    assert spot.p50_usd <= spot.p90_usd and 0.0 <= spot.deadline_risk <= 1.0
+    assert spot.p50_usd <= spot.p90_usd
     assert len(spot.costs_usd) == 8
+    # The risk is the share of the sampled starts that missed the deadline, not their count.
+    two_of_eight = forecast_lib.PolicyForecast("p", 2.0, [1.0] * 8, deadline_missed=2)
+    assert two_of_eight.deadline_risk == 0.25 and two_of_eight.row()["deadline_risk"] == 0.25
     assert forecast_lib.work_for_rate(10.0, 0.4) == pytest.approx(8.0)
     with pytest.raises(ValueError, match="longer than the trace"):
         forecast_lib.forecast({"od": ("on_demand", 2.0)}, 1e9, source, samples=1)

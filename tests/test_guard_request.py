@@ -25,11 +25,11 @@ EXPERIMENT = "guard"
 SCHEDULE = dict(max_steps=12, micro_batch_size=4, grad_accum_steps=1, eval_every_steps=3)
 
 
-def run(state: Path, req: runs.TrainRequest) -> runs.RunSummary:
+def run(state: Path, req: runs.TrainRequest, policy=None) -> runs.RunSummary:
     return runs.run_training(
         req, state_dir=state, tracking_uri=f"sqlite:///{state / 'mlflow.db'}",
         experiment=EXPERIMENT, store=LocalObjectStore(state / "objects"),
-        duckdb_path=state / "trainwise.duckdb", upload_timeout_s=30.0)
+        duckdb_path=state / "trainwise.duckdb", upload_timeout_s=30.0, fast_policy=policy)
 
 
 def events(state: Path, run_id: str) -> list[dict]:
@@ -98,9 +98,8 @@ def test_a_guarded_run_finds_the_fixed_run_and_trains_against_its_curve(state):
     assert params["train/lever_guard_reference"].startswith("run fixed (automatic; fixed schedule")
 
 
-def test_the_guard_switches_a_bad_lever_off_and_explain_shows_why(state, monkeypatch):
-    monkeypatch.setattr(runs, "fast_policy", lambda name: BadBatchLever())
-    run(state, request(run_id="bad-lever", lever_guard=True, **SCHEDULE))
+def test_the_guard_switches_a_bad_lever_off_and_explain_shows_why(state):
+    run(state, request(run_id="bad-lever", lever_guard=True, **SCHEDULE), BadBatchLever())
     offs = [d for d in guard_decisions(state, "bad-lever") if d["action"]["guard"] == "switch_off"]
     assert [d["action"]["lever"] for d in offs] == ["batch"]
     assert "switched off" in offs[0]["reason"]

@@ -101,9 +101,11 @@ def test_log_run_waits_for_a_server_that_comes_back(mlflow_server):
     url = f"http://127.0.0.1:{port}"
     outcome: dict = {}
     waits: list[float] = []
+    refused = threading.Event()  # log_run's first try was refused: it waits to try again
 
     def sleep(seconds: float) -> None:
         waits.append(seconds)
+        refused.set()
         time.sleep(seconds)
 
     def log() -> None:
@@ -116,7 +118,8 @@ def test_log_run_waits_for_a_server_that_comes_back(mlflow_server):
 
     logger = threading.Thread(target=log)
     logger.start()
-    time.sleep(2.0)  # connection refused meanwhile
+    # The server comes only after a refused try (the timeout only bounds a hang).
+    assert refused.wait(timeout=120), f"log_run never waited to retry: {outcome}"
     target = urlsplit(mlflow_server)
     forwarder = _Forwarder(port, (target.hostname, target.port))
     threading.Thread(target=forwarder.serve_forever, daemon=True).start()

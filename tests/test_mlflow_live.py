@@ -11,9 +11,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import os
 import shutil
-import signal
 import time
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from controllers.fast_types import NoOpFastPolicy
 from telemetry.events import StepEvent, to_record
+from tests._preemption import SigtermAt
 from training import scoring, shards
 from training.curriculum import curriculum_version, write_curriculum
 from training.data_types import Curriculum
@@ -74,11 +73,11 @@ def request(**changes) -> runs.TrainRequest:
     return dataclasses.replace(base, **changes)
 
 
-def train(state: Path, req: runs.TrainRequest) -> runs.RunSummary:
+def train(state: Path, req: runs.TrainRequest, policy=None) -> runs.RunSummary:
     return runs.run_training(
         req, state_dir=state, tracking_uri=uri(state), experiment=EXPERIMENT,
         store=LocalObjectStore(state / "objects"), duckdb_path=state / "trainwise.duckdb",
-        upload_timeout_s=30.0, mlflow_interval_s=0.2)
+        upload_timeout_s=30.0, mlflow_interval_s=0.2, fast_policy=policy)
 
 
 def live_runs(client: MlflowClient, training_run_id: str) -> list:
@@ -93,23 +92,27 @@ def live_runs(client: MlflowClient, training_run_id: str) -> list:
 
 class WatchMlflow(NoOpFastPolicy):
     """At one fast tick (inside the training loop): the slow layer writes the control file,
-    then this looks at MLflow until the run and the change show up (or 20 s pass)."""
+    then this looks at MLflow until the run and the change show up. The wall-clock span of the
+    watch (`began_ms`, `ended_ms`) lies between two steps: their metrics' timestamps must too.
+    The deadline only bounds a hang."""
 
     name = "watch_mlflow"
 
     def __init__(self, state: Path, run_id: str, at_step: int, rate: float) -> None:
         self.state, self.run_id, self.at_step, self.rate = state, run_id, at_step, rate
         self.seen: dict = {}
+        self.began_ms = self.ended_ms = 0
 
     def act(self, observation):
         if observation.step == self.at_step and not self.seen:
+            self.began_ms = int(time.time() * 1000)
             control = runs.control_path(self.state, self.run_id)
             # A larger change the gate holds for approval, then the one handed to the run.
             control.with_name("control.pending.json").write_text(json.dumps(
                 {"pruning_rate": 0.1, "status": "pending: automatic approval is off"}))
             write_pruning_control(control, pruning_rate=self.rate, reason="test: slow layer")
             client = MlflowClient(tracking_uri=uri(self.state))
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + 300
             while time.monotonic() < deadline:
                 found = live_runs(client, self.run_id)
                 if found and found[-1].data.metrics.get("control/pruning_rate") == self.rate:
@@ -120,16 +123,15 @@ class WatchMlflow(NoOpFastPolicy):
                                  "requested_tag": run.data.tags.get(
                                      "trainwise/pruning_rate_requested")}
                     break
-                time.sleep(0.1)
-            time.sleep(1.0)  # the steps after this one are a second later: timestamps show it
+                time.sleep(0.1)  # polling MLflow until the run shows the change
+            self.ended_ms = int(time.time() * 1000)
         return super().act(observation)
 
 
-def test_run_is_live_while_training_and_closes_with_real_times(state, monkeypatch):
+def test_run_is_live_while_training_and_closes_with_real_times(state):
     watcher = WatchMlflow(state, "live-a", at_step=2, rate=0.18)
-    monkeypatch.setattr(runs, "fast_policy", lambda name: watcher)
     before_ms = int(time.time() * 1000)
-    summary = train(state, request())
+    summary = train(state, request(), watcher)
     after_ms = int(time.time() * 1000)
     assert summary.status == "completed" and summary.pending == ""
 
@@ -142,16 +144,20 @@ def test_run_is_live_while_training_and_closes_with_real_times(state, monkeypatc
     client = MlflowClient(tracking_uri=uri(state))
     run = client.get_run(summary.mlflow_run_id)
     assert run.info.status == "FINISHED"
-    # Real start and end: opened before the first step, closed after the last, >= the 1 s pause.
-    assert before_ms <= run.info.start_time <= run.info.end_time <= after_ms
-    assert run.info.end_time - run.info.start_time >= 1000
+    # Real start and end: opened before the first step, closed after the last, open across the
+    # watch at step 2.
     history = client.get_metric_history(summary.mlflow_run_id, "losses/train")
     assert [m.step for m in history] == list(range(1, 7)), "each step logged once"
+    assert before_ms <= run.info.start_time <= history[0].timestamp
+    assert history[-1].timestamp <= run.info.end_time <= after_ms
+    assert run.info.start_time <= watcher.began_ms <= watcher.ended_ms <= run.info.end_time
     from telemetry.reader import read_run_events
 
     steps = [e for e in read_run_events(Path(summary.telemetry_dir)) if e["type"] == "step"]
     assert [m.timestamp for m in history] == [int(e["wall_time_s"] * 1000) for e in steps]
-    assert history[-1].timestamp - history[0].timestamp >= 1000, "one timestamp for all points"
+    # Each point carries its step's time, not one time for all (the run's start, or when the
+    # points were sent): steps 1-2 came before the watch, steps 3-6 after it.
+    assert history[1].timestamp <= watcher.began_ms and watcher.ended_ms <= history[2].timestamp
     [requested] = client.get_metric_history(summary.mlflow_run_id, "control/pruning_rate")
     assert requested.value == pytest.approx(0.18)
     applied = client.get_metric_history(summary.mlflow_run_id, "data/pruning_rate")
@@ -176,31 +182,15 @@ def test_run_is_live_while_training_and_closes_with_real_times(state, monkeypatc
     assert run.data.tags["trainwise/model_version"] == f"trainwise-{PARTITION}/1"
 
 
-class SigtermAt(NoOpFastPolicy):
-    """A spot reclaim at one step: SIGTERM to this process."""
-
-    name = "sigterm_at"
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def act(self, observation):
-        if observation.step == self.step and observation.preemption_notice_s is None:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return super().act(observation)
-
-
-def test_preempted_run_is_killed_and_not_registered_its_resume_is(state, monkeypatch):
-    monkeypatch.setattr(runs, "fast_policy", lambda name: SigtermAt(2))
+def test_preempted_run_is_killed_and_not_registered_its_resume_is(state):
     with pytest.raises(runs.RunInterruptedError) as caught:
-        train(state, request(data_selection="static"))
+        train(state, request(data_selection="static"), SigtermAt(2))
     client = MlflowClient(tracking_uri=uri(state))
     first = client.get_run(caught.value.summary.mlflow_run_id)
     assert first.info.status == "KILLED" and first.data.tags["trainwise/status"] == "preempted"
     assert client.search_model_versions(f"name='trainwise-{PARTITION}'") == []
 
-    monkeypatch.setattr(runs, "fast_policy", lambda name: NoOpFastPolicy())
-    resumed = train(state, request(data_selection="static"))
+    resumed = train(state, request(data_selection="static"), NoOpFastPolicy())
     second = client.get_run(resumed.mlflow_run_id)
     assert second.info.status == "FINISHED" and second.info.run_id != first.info.run_id
     # The resumed run holds its own steps only: the first session's are in the first run.
@@ -219,10 +209,9 @@ class RaiseAt(NoOpFastPolicy):
         return super().act(observation)
 
 
-def test_training_error_marks_the_run_failed_with_its_metrics(state, monkeypatch):
-    monkeypatch.setattr(runs, "fast_policy", lambda name: RaiseAt())
+def test_training_error_marks_the_run_failed_with_its_metrics(state):
     with pytest.raises(RuntimeError, match="policy bug"):
-        train(state, request(data_selection="static"))
+        train(state, request(data_selection="static"), RaiseAt())
     client = MlflowClient(tracking_uri=uri(state))
     [run] = live_runs(client, "live-a")
     assert run.info.status == "FAILED" and "policy bug" in run.data.tags["trainwise/error"]

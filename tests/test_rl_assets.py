@@ -61,7 +61,10 @@ def test_schedules_request_one_run_per_region():
 def test_policy_defs_load_as_definitions():
     defs = dg.Definitions(assets=POLICY_DEFS["assets"], asset_checks=POLICY_DEFS["asset_checks"],
                           schedules=POLICY_DEFS["schedules"], jobs=POLICY_DEFS["jobs"])
-    assert defs.resolve_job_def("slow_policy_retraining") is not None
+    # Each retraining job materialises its own policy asset only.
+    for layer in ("slow", "fast"):
+        job = defs.resolve_job_def(f"{layer}_policy_retraining")
+        assert set(job.asset_layer.selected_asset_keys) == {dg.AssetKey(f"{layer}_policy")}
     assert {s.name for s in defs.schedules} == {"weekly_slow_policy_retraining",
                                                 "daily_fast_policy_retraining"}
 

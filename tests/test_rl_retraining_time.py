@@ -28,7 +28,8 @@ def test_retraining_times_both_layers_and_judges_only_the_scheduled_budget(tmp_p
         "weekly_slow_policy_retraining", "daily_fast_policy_retraining")
     assert slow["goal_s"] == 1800 and fast["goal_s"] == 600
     assert slow["wall_s"] > 0 and slow["cpu_s"] > 0 and slow["held_out"] == 2
-    assert slow["goal_met"] is (slow["wall_s"] <= 1800)  # the scheduled budget: judged
+    # The scheduled budget: judged (against 30 min: the boundary test below), unlike fast's.
+    assert isinstance(slow["goal_met"], bool)
     assert fast["goal_met"] is None and fast["budget"]["ppo_timesteps"] == 128  # overridden
     document = json.loads((tmp_path / "rl_retraining.json").read_text())
     assert document["meta"]["command"].startswith("python -m benchmarks.rl.retraining")
@@ -64,3 +65,30 @@ def test_goal_is_judged_on_wall_time_of_the_scheduled_budget_only(tmp_path, monk
     assert slow["goal_met"] is None and fast["goal_met"] is True and not fast["promoted"]
     assert "| daily_fast_policy_retraining | us-east-2 |" in (
         tmp_path / "rl_retraining.md").read_text()
+
+
+@pytest.mark.parametrize("slow_s, fast_s, met", [
+    (1800.0, 600.0, (True, True)),  # exactly the goals: met
+    (1800.5, 600.5, (False, False)),  # half a second over: not met
+])
+def test_goals_are_issue_14s_30_and_10_minutes_of_wall_time(tmp_path, monkeypatch, slow_s,
+                                                            fast_s, met):
+    """The retraining is a stub that moves a fake wall clock by the given seconds: the verdict
+    is the wall time against 1800 s (weekly slow) and 600 s (daily fast)."""
+    now = [1000.0]
+
+    def retrain_taking(seconds):
+        def fake_retrain(region, budget):
+            now[0] += seconds
+            return {"train_seconds": seconds, "train_cells": 3, "bc_agreement": 1.0,
+                    "decision": {"cells": 5, "reason": "refused: stub"}}
+        return fake_retrain
+
+    monkeypatch.setattr(retraining.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(rl.retrain, "retrain_slow", retrain_taking(slow_s))
+    monkeypatch.setattr(rl.retrain, "retrain_fast", retrain_taking(fast_s))
+    monkeypatch.setattr(rl.retrain, "apply_gate", lambda kind, region: {"champion_version": None})
+    slow, fast = retraining.main(["--out", str(tmp_path)])
+    assert (slow["wall_s"], fast["wall_s"]) == (slow_s, fast_s)
+    assert (slow["goal_s"], fast["goal_s"]) == (1800, 600)
+    assert (slow["goal_met"], fast["goal_met"]) == met

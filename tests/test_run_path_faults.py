@@ -2,7 +2,7 @@
 
 `run_training` is called for real on a small pystdlib state (shards built once per module, a
 keep-everything curriculum): nothing here mocks the function under test. A fast policy that
-sends SIGTERM to this process stands in for a spot reclaim.
+hands the loop a SIGTERM notice (`tests._preemption.SigtermAt`) stands in for a spot reclaim.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
 import socket
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 
 from controllers.fast_types import NoOpFastPolicy
+from tests._preemption import SigtermAt
 from training import shards
 from training.curriculum import curriculum_version, write_curriculum
 from training.data_types import Curriculum
@@ -84,20 +84,6 @@ def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-class SigtermAt(NoOpFastPolicy):
-    """Keeps everything, but sends this process SIGTERM at one step: a spot reclaim."""
-
-    name = "sigterm_at"
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def act(self, observation):
-        if observation.step == self.step and observation.preemption_notice_s is None:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return super().act(observation)
 
 
 # --- defect 9: validation before writes -------------------------------------------------------
@@ -209,12 +195,15 @@ def test_every_problem_is_listed_at_once(state, tmp_path):
 
 
 # --- defect 2: preemption is not success, and resumes under the same run id -------------------
-def test_preempted_before_first_eval_raises_keeps_checkpoint_and_resumes(state, monkeypatch):
-    monkeypatch.setattr(runs, "fast_policy", lambda name: SigtermAt(2))
+def test_preempted_before_first_eval_raises_keeps_checkpoint_and_resumes(state):
     with pytest.raises(runs.RunInterruptedError, match="preempted at step 2 of 6") as caught:
-        run(state, request())
+        run(state, request(), fast_policy=SigtermAt(2))
     summary = caught.value.summary
     assert summary.status == "preempted" and summary.steps == 2
+    # The policy given to the call was in charge, not the one the request names ("noop").
+    assert summary.fast_policy == "sigterm_at"
+    assert json.loads((state / "runs" / "run-a" / "fast_policy.json").read_text()) == {
+        "fast_policy": "sigterm_at", "reason": "given by the caller"}
     assert np.isnan(summary.final_eval_loss)  # no eval yet: no TypeError in MLflow logging
     assert summary.mlflow_run_id and summary.pending == ""
     kept = Path(summary.checkpoint_uri.removeprefix("file://"))
@@ -224,8 +213,7 @@ def test_preempted_before_first_eval_raises_keeps_checkpoint_and_resumes(state, 
     outcome = runs.read_outcome(state / "runs" / "run-a")
     assert outcome["status"] == "preempted"
 
-    monkeypatch.setattr(runs, "fast_policy", lambda name: NoOpFastPolicy())
-    resumed = run(state, request())
+    resumed = run(state, request(), fast_policy=NoOpFastPolicy())
     assert resumed.status == "completed" and resumed.resumed_from_step == 2
     assert resumed.steps == 6
     starts = [e for e in _events(resumed) if e["type"] == "run_start"]
@@ -235,11 +223,10 @@ def test_preempted_before_first_eval_raises_keeps_checkpoint_and_resumes(state, 
         run(state, request())
 
 
-def test_preempted_after_an_eval_is_not_a_success_either(state, monkeypatch):
+def test_preempted_after_an_eval_is_not_a_success_either(state):
     # Before the fix this returned normally with status "preempted": a false success.
-    monkeypatch.setattr(runs, "fast_policy", lambda name: SigtermAt(4))
     with pytest.raises(runs.RunInterruptedError, match="preempted at step 4") as caught:
-        run(state, request(eval_every_steps=2))
+        run(state, request(eval_every_steps=2), fast_policy=SigtermAt(4))
     assert np.isfinite(caught.value.summary.final_eval_loss)
     assert runs.is_resumable(state / "runs" / "run-a")
 
@@ -312,7 +299,7 @@ def test_preempted_dagster_run_fails_and_its_reexecution_resumes(state, monkeypa
     monkeypatch.setenv("TRAINWISE_HOME", str(state))
     monkeypatch.setattr(runs, "fast_policy", lambda name: SigtermAt(2))
     run_config = {
-        # In-process, so this process's fast policy (and its SIGTERM) is the one that runs.
+        # In-process, so this process's fast policy (and its notice) is the one that runs.
         "execution": {"config": {"in_process": {}}},
         "ops": {"checkpoint": {"config": {"max_steps": 6, "micro_batch_size": 4,
                                           "eval_every_steps": 50, "fast_every_steps": 2}}},

@@ -4,7 +4,8 @@ a fresh state folder) resumes from the object store's last committed checkpoint 
 training run id, directly and through a Dagster re-execution; a completed run is never resumed.
 
 `run_training` runs for real on the small pystdlib state of tests/test_run_path_faults.py; a fast
-policy that sends this process SIGTERM stands in for the reclaim.
+policy that hands the loop a SIGTERM notice (`tests._preemption.SigtermAt`) stands in for the
+reclaim.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from controllers.fast_types import NoOpFastPolicy
+from tests._preemption import SigtermAt
 from tests.test_run_path_faults import (  # noqa: F401 - fixtures used by name
     PARTITION,
-    SigtermAt,
     _train_job,
     built_state,
     request,
@@ -32,10 +33,9 @@ def _store(state: Path) -> LocalObjectStore:
     return LocalObjectStore(state / "objects")
 
 
-def test_preempted_run_resumes_from_the_store_after_its_folder_is_lost(state, monkeypatch):
-    monkeypatch.setattr(runs, "fast_policy", lambda name: SigtermAt(2))
+def test_preempted_run_resumes_from_the_store_after_its_folder_is_lost(state):
     with pytest.raises(runs.RunInterruptedError, match="preempted at step 2"):
-        run(state, request())
+        run(state, request(), fast_policy=SigtermAt(2))
     prefix = runs.checkpoint_prefix(PARTITION, "run-a")
     keys = _store(state).list_keys(prefix)
     assert f"{prefix}/step-0000002.pt.commit" in keys, keys  # uploaded and committed
@@ -47,8 +47,7 @@ def test_preempted_run_resumes_from_the_store_after_its_folder_is_lost(state, mo
     assert runs.resumable_run_id(state, ["run-a"], store=_store(state),
                                  partition=PARTITION) == "run-a"
 
-    monkeypatch.setattr(runs, "fast_policy", lambda name: NoOpFastPolicy())
-    resumed = run(state, request())
+    resumed = run(state, request(), fast_policy=NoOpFastPolicy())
     assert resumed.status == "completed" and resumed.steps == 6
     assert resumed.resumed_from_step == 2, "resumed at the stored step, not from step 0"
     assert (state / "runs" / "run-a" / "checkpoints" / "step-0000002.pt").exists()
@@ -64,10 +63,9 @@ def test_completed_run_in_the_store_is_never_trained_again(state):
         run(state, request(max_steps=2))
 
 
-def test_store_of_another_partition_is_not_this_runs_lineage(state, monkeypatch):
-    monkeypatch.setattr(runs, "fast_policy", lambda name: SigtermAt(2))
+def test_store_of_another_partition_is_not_this_runs_lineage(state):
     with pytest.raises(runs.RunInterruptedError):
-        run(state, request())
+        run(state, request(), fast_policy=SigtermAt(2))
     assert runs.resumable_run_id(state.parent / "empty", ["run-a"], store=_store(state),
                                  partition="tinyshakespeare") is None
 
@@ -112,14 +110,12 @@ def test_resume_from_s3_on_moto_after_the_node_is_lost(state, tmp_path, monkeypa
     server.start()
     try:
         store = S3ObjectStore(server.client(), BUCKET)
-        monkeypatch.setattr(runs, "fast_policy", lambda name: SigtermAt(2))
         with pytest.raises(runs.RunInterruptedError):
-            run(state, request(), store=store)
+            run(state, request(), store=store, fast_policy=SigtermAt(2))
         shutil.rmtree(state / "runs")  # a new node: no run folders at all
         assert runs.resumable_run_id(state, ["run-a"], store=store,
                                      partition=PARTITION) == "run-a"
-        monkeypatch.setattr(runs, "fast_policy", lambda name: NoOpFastPolicy())
-        resumed = run(state, request(), store=store)
+        resumed = run(state, request(), store=store, fast_policy=NoOpFastPolicy())
         assert resumed.resumed_from_step == 2 and resumed.steps == 6
         assert resumed.checkpoint_uri.startswith("s3://")
     finally:

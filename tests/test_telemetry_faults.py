@@ -215,20 +215,30 @@ def test_a_really_full_disk_gives_a_readable_segment(tmp_path):
 
 # --- defect 3: locks, reused run ids, replays, database paths -------------------------------
 
-_HOLD = ("import duckdb, sys, time\n"
+# Holds the file's lock until a line arrives on its stdin (or it is killed).
+_HOLD = ("import duckdb, sys\n"
          "con = duckdb.connect(sys.argv[1])\n"
          "con.execute('create table if not exists held (x int)')\n"
          "print('held', flush=True)\n"
-         "time.sleep(float(sys.argv[2]))\n"
+         "sys.stdin.readline()\n"
          "con.close()\n")
-_INGEST = ("import sys\n"
-           "from telemetry.store import ingest\n"
-           "print(ingest(sys.argv[1], sys.argv[2], lock_timeout_s=60))\n")
+# Says "locked" on stderr when it first finds the file locked (and waits to retry).
+_INGEST = ("import sys, time\n"
+           "from telemetry import store\n"
+           "real_connect = store.connect_with_retry\n"
+           "said = []\n"
+           "def wait(seconds):\n"
+           "    if not said:\n"
+           "        print('locked', file=sys.stderr, flush=True)\n"
+           "        said.append(seconds)\n"
+           "    time.sleep(seconds)\n"
+           "store.connect_with_retry = lambda *a, **k: real_connect(*a, sleep=wait, **k)\n"
+           "print(store.ingest(sys.argv[1], sys.argv[2], lock_timeout_s=60))\n")
 
 
-def _hold_lock(db: Path, seconds: float) -> subprocess.Popen:
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(db), str(seconds)],
-                              stdout=subprocess.PIPE, text=True)
+def _hold_lock(db: Path) -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(db)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
     return holder
 
@@ -236,7 +246,7 @@ def _hold_lock(db: Path, seconds: float) -> subprocess.Popen:
 def test_a_lock_held_past_the_timeout_names_the_file_and_the_holder(tmp_path):
     _sealed_run(tmp_path)
     db = tmp_path / "t.duckdb"
-    holder = _hold_lock(db, 60)
+    holder = _hold_lock(db)
     try:
         started = time.monotonic()
         with pytest.raises(TelemetryStoreBusyError) as caught:
@@ -256,14 +266,17 @@ def test_four_concurrent_ingests_into_one_file_all_succeed(tmp_path):
     for run_id in runs:
         _sealed_run(tmp_path, steps=50, run_id=run_id)
     db = tmp_path / "t.duckdb"
-    holder = _hold_lock(db, 1.5)  # every ingest meets a held lock first
+    holder = _hold_lock(db)
     ingests = [
         subprocess.Popen([sys.executable, "-c", _INGEST, str(tmp_path / run_id), str(db)],
                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for run_id in runs
     ]
+    try:  # every ingest meets the held lock first; then it is released
+        assert [process.stderr.readline().strip() for process in ingests] == ["locked"] * 4
+    finally:
+        holder.communicate("release\n", timeout=30)
     outputs = [process.communicate(timeout=120) for process in ingests]
-    holder.wait(timeout=30)
     assert [process.returncode for process in ingests] == [0] * 4, [err for _, err in outputs]
     assert [int(out) for out, _ in outputs] == [50] * 4
     with duckdb.connect(str(db), read_only=True) as con:

@@ -103,15 +103,13 @@ class Custom(NoOpFastPolicy):
     ({"fast_policy": "noop", "policy": Custom()}, r"fast policy 'custom_fast'.*fast_policy="
                                                    r"'heuristic'.*or nodes=1"),
 ])
-def test_what_the_ranks_cannot_run_is_refused_before_a_launch(state, monkeypatch, changes,
-                                                              setting):
+def test_what_the_ranks_cannot_run_is_refused_before_a_launch(state, changes, setting):
     changes = dict(changes)
     policy = changes.pop("policy", None)
-    if policy is not None:
-        monkeypatch.setattr(runs, "fast_policy", lambda name: policy)
     cloud = provider([0] * 100_000)
     with pytest.raises(ValueError, match=setting):
-        run(state, request(**{"nodes": 2, "grad_accum_steps": 2, **changes}), provider=cloud)
+        run(state, request(**{"nodes": 2, "grad_accum_steps": 2, **changes}), provider=cloud,
+            fast_policy=policy)
     assert cloud.nodes() == [], "nothing launched, nothing billed"
     assert not (state / "runs" / "run-a" / "telemetry").exists()
 

@@ -168,8 +168,9 @@ def test_every_rank_writes_its_share_and_wait(runs) -> None:
     assert (late0["share"], late1["share"]) == (0.75, 0.25)
     for rank, record in enumerate((late0, late1)):
         assert record["rank"] == rank and record["world_size"] == 2
-        assert record["allreduce_wait_ms"] >= 0 and record["compute_ms"] > 0
-        assert record["allreduce_ms"] >= 0
+        # Measured, each: the figures are time spent, so an unmeasured (0.0) one is a bug.
+        assert record["allreduce_wait_ms"] > 0 and record["compute_ms"] > 0
+        assert record["allreduce_ms"] > 0
     decisions = [r for r in read_run_events(out / "telemetry" / "ddp") if r["type"] == "decision"]
     assert decisions and {r["rank"] for r in decisions} == {0}  # rank 0 decides for the gang
     assert len(decisions[0]["observation"]["rank_step_time_ms"]) == 2

@@ -277,20 +277,38 @@ def test_progress_bar_runs(tmp_path, capsys):
 def test_background_checkpoints_resume_exactly_and_are_announced_once_durable(tmp_path, monkeypatch):
     """CheckFreq: interval checkpoints are snapshotted, then written while training goes on.
 
-    The write is slowed down so that training runs several steps during it: a snapshot that
-    shared memory with the live model or optimizer would save a later state, and the resume
-    below would not reproduce the uninterrupted losses."""
+    A background write waits until training has run two more steps: a snapshot that shared
+    memory with the live model or optimizer would save a later state, and the resume below
+    would not reproduce the uninterrupted losses."""
     from training import _loop_persist
+    from training import _loop_run as loop_run
 
-    real_save = _loop_persist.save_checkpoint
+    real_save, real_step = _loop_persist.save_checkpoint, loop_run.train_step
+    stepped = threading.Condition()
+    trained = [0]  # steps trained so far (the split run)
+    during: list[int] = []  # per background write: the steps trained while it was held
+    held_ms: list[float] = []  # per background write: how long it was held
+
+    def counted_step(**kwargs):
+        outcome = real_step(**kwargs)
+        with stepped:
+            trained[0] += 1
+            stepped.notify_all()
+        return outcome
 
     def slow_save(path, state):
-        time.sleep(0.15)
+        if threading.current_thread() is not threading.main_thread():
+            began, held = trained[0], time.perf_counter()
+            with stepped:  # the timeout only bounds a hang (the training thread stuck)
+                stepped.wait_for(lambda: trained[0] >= began + 2, timeout=120)
+                during.append(trained[0] - began)
+            held_ms.append((time.perf_counter() - held) * 1000.0)
         return real_save(path, state)
 
     examples = text_examples()
     whole = train(tiny_config(), examples, None, tmp_path / "whole")
     monkeypatch.setattr(_loop_persist, "save_checkpoint", slow_save)
+    monkeypatch.setattr(loop_run, "train_step", counted_step)
     announced = []
 
     def on_checkpoint(info):
@@ -305,8 +323,11 @@ def test_background_checkpoints_resume_exactly_and_are_announced_once_durable(tm
     saved = events(result, "checkpoint")
     assert [e["step"] for e in saved] == [4, 8, 12, 16, 20, 24]
     assert [e["asynchronous"] for e in saved] == [True] * 5 + [False]
+    assert len(during) == 5 and min(during) >= 2, during  # training went on during each write
     first = saved[0]
-    assert first["persist_ms"] >= 150 and first["save_ms"] < first["persist_ms"]
+    # The persist time covers the whole write, the held part too; the loop was blocked only
+    # for the snapshot.
+    assert first["persist_ms"] >= held_ms[0] and first["save_ms"] < first["persist_ms"]
     assert first["snapshot_ms"] <= first["save_ms"]
     monkeypatch.setattr(_loop_persist, "save_checkpoint", real_save)
     resumed = train(config, examples, None, tmp_path / "split",
