@@ -159,6 +159,33 @@ def test_uploader_reports_failure_after_bounded_retries(tmp_path):
         uploader.submit(write_checkpoint(tmp_path / "local", 20))
 
 
+def test_uploader_fails_at_once_on_a_non_transient_error(tmp_path):
+    # The text looks transient; the type (a refused request, not a lost connection) is not.
+    class DeniedStore(RecordingStore):
+        tries = 0
+
+        def _put_atomic(self, write, key):
+            DeniedStore.tries += 1
+            raise PermissionError(13, "AccessDenied (connection refused, 503)")
+
+    uploader = CheckpointUploader(DeniedStore(tmp_path / "objects"), "ckpt", backoff=FAST)
+    uploader.submit(write_checkpoint(tmp_path / "local", 10))
+    report = uploader.drain(timeout_s=10)
+    [(key, why)] = report.failed
+    assert DeniedStore.tries == 1, "not retried"
+    assert "PermissionError" in why and "not retried" in why and "TRAINWISE_S3_BUCKET" in why
+
+
+def test_s3_clients_retry_through_botocore_standard_mode():
+    pytest.importorskip("boto3")
+    from trainwise.object_store import s3_client, s3_client_config
+
+    assert s3_client_config(3).retries == {"mode": "standard", "total_max_attempts": 3}
+    client = s3_client("http://127.0.0.1:9", "us-east-1", total_attempts=2)
+    assert client.meta.config.retries == {"mode": "standard", "total_max_attempts": 2}
+    assert client.meta.endpoint_url == "http://127.0.0.1:9"
+
+
 def test_uploader_skips_superseded_checkpoints(tmp_path):
     gate, entered = threading.Event(), threading.Event()
 

@@ -28,7 +28,15 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from trainwise.services import Backoff, ServiceUnreachableError, tcp_probe
+import tenacity
+
+from trainwise.services import (
+    Backoff,
+    ServiceUnreachableError,
+    is_transient,
+    retrying,
+    tcp_probe,
+)
 
 LOG = logging.getLogger("trainwise.upload")
 MANIFEST_SUFFIX = ".manifest.json"
@@ -194,6 +202,31 @@ def _proxied(url: str) -> bool:
     host = urlsplit(url).hostname or ""
     proxies = urllib.request.getproxies()
     return bool(proxies.get(urlsplit(url).scheme)) and not urllib.request.proxy_bypass(host)
+
+
+# botocore's own retries for each S3 call. "standard" mode retries connection errors, timeouts,
+# throttling (SlowDown, Throttling) and 5xx answers, told apart by exception type and error code,
+# with jittered exponential backoff: that rides out a blip inside one call, while
+# CheckpointUploader's backoff (UPLOAD_BACKOFF) rides out an endpoint gone for a minute.
+# Given as total_max_attempts (tries including the first): botocore's `max_attempts` key counts
+# only the retries after it. dagster-aws's S3Resource builds the job's client in standard mode too.
+S3_TOTAL_ATTEMPTS = 5
+
+
+def s3_client_config(total_attempts: int = S3_TOTAL_ATTEMPTS, **options: Any) -> Any:
+    """A botocore Config with standard-mode retries, `total_attempts` tries per call in all."""
+    from botocore.config import Config  # botocore only where S3 is used: the local store needs none
+
+    return Config(retries={"mode": "standard", "total_max_attempts": total_attempts}, **options)
+
+
+def s3_client(endpoint_url: str | None = None, region_name: str | None = None, *,
+              total_attempts: int = S3_TOTAL_ATTEMPTS) -> Any:
+    """A boto3 S3 client with `s3_client_config` retries; credentials from boto3's own chain."""
+    import boto3  # heavy and optional: only an S3 store needs it
+
+    return boto3.client("s3", endpoint_url=endpoint_url or None, region_name=region_name,
+                        config=s3_client_config(total_attempts))
 
 
 class S3ObjectStore(_CheckpointPuts):
@@ -406,30 +439,56 @@ class CheckpointUploader:
                 self._cond.notify_all()
 
     def _upload_with_retries(self, info: Any) -> tuple[str, str]:
+        """One checkpoint through a tenacity loop: transient errors (by type: the endpoint down,
+        throttled, timing out) are retried with `self.backoff`; any other error fails it at once,
+        since a retry cannot fix a denied access or a damaged file."""
         key = self.key_for(info)
-        delays = self.backoff.delays_s()
-        last: BaseException | None = None
-        for attempt in range(self.backoff.tries):
-            try:
-                uri = self.store.put_checkpoint(Path(info.path), Path(info.manifest_path), key,
-                                                step=info.step, sha256=info.sha256)
-                return "uploaded", uri
-            except (FileNotFoundError, ValueError) as error:  # pruned locally, or damaged
-                if self._newer_waiting(info):
-                    return "skipped", f"superseded while it failed ({error})"
-                return "failed", f"{error}"
-            except Exception as error:  # endpoint down, throttled: retry with backoff
-                last = error
-                if attempt >= len(delays):
-                    break
-                LOG.warning("checkpoint upload %s failed (try %d of %d), retrying in %.0f s: %s",
-                            key, attempt + 1, self.backoff.tries, delays[attempt], error)
-                if self._abandon.wait(delays[attempt]):
-                    return "failed", f"abandoned at drain timeout; last error: {error}"
-                if self._newer_waiting(info):
-                    return "skipped", f"superseded while retrying ({error})"
-        return "failed", (f"{self.backoff.tries} tries over {sum(delays):.0f} s failed; last error:"
-                          f" {type(last).__name__}: {last}; {SETTINGS_HINT}")
+        last: list[BaseException] = []  # the latest failed try's error, for the report
+
+        def pause(delay_s: float) -> None:
+            # tenacity's sleep: drain() may abandon the wait, and a newer checkpoint queued
+            # meanwhile makes this one moot (the store needs only the newest).
+            if self._abandon.wait(delay_s):
+                raise _UploadAbandoned
+            if self._newer_waiting(info):
+                raise _UploadSuperseded
+
+        def warn(state: tenacity.RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            last[:] = [error] if error is not None else []
+            wait_s = state.next_action.sleep if state.next_action is not None else 0.0
+            LOG.warning("checkpoint upload %s failed (try %d of %d), retrying in %.0f s: %s",
+                        key, state.attempt_number, self.backoff.tries, wait_s, error)
+
+        loop = retrying(self.backoff, transient=is_transient, sleep=pause, before_sleep=warn)
+        try:
+            uri = loop(self.store.put_checkpoint, Path(info.path), Path(info.manifest_path), key,
+                       step=info.step, sha256=info.sha256)
+            return "uploaded", uri
+        except _UploadAbandoned:
+            return "failed", f"abandoned at drain timeout; last error: {last[0] if last else ''}"
+        except _UploadSuperseded:
+            return "skipped", f"superseded while retrying ({last[0] if last else ''})"
+        except tenacity.RetryError as gave_up:
+            error = gave_up.last_attempt.exception()
+            waited_s = sum(self.backoff.delays_s())
+            return "failed", (f"{self.backoff.tries} tries over {waited_s:.0f} s failed; last "
+                              f"error: {type(error).__name__}: {error}; {SETTINGS_HINT}")
+        except (FileNotFoundError, ValueError) as error:  # pruned locally, or damaged
+            if self._newer_waiting(info):
+                return "skipped", f"superseded while it failed ({error})"
+            return "failed", f"{error}"
+        except Exception as error:  # noqa: BLE001 - not transient (access denied, no bucket)
+            return "failed", (f"{type(error).__name__}: {error} (not a transient error, so not "
+                              f"retried); {SETTINGS_HINT}")
+
+
+class _UploadAbandoned(Exception):
+    """Raised from the retry wait when drain() gave up on the upload."""
+
+
+class _UploadSuperseded(Exception):
+    """Raised from the retry wait when a newer checkpoint is queued."""
 
 
 def local_checkpoint_uploader(root: str, key_prefix: str) -> CheckpointUploader:
