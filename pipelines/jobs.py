@@ -2,6 +2,8 @@
 slow-policy sensor asks for, gated rollbacks (curriculum, policy), and the switch of the
 live-change rule."""
 
+import json
+
 import dagster as dg
 
 from assets.resources import StateResource
@@ -76,6 +78,29 @@ def set_live_change_rule(context: dg.OpExecutionContext, config: LiveChangeRuleC
         description="Turn the automatic approval of the slow layer's live changes on or off.")
 def live_change_rule_job():
     set_live_change_rule()
+
+
+class RunDecisionConfig(dg.Config):
+    decision_json: str
+    """The slow layer's decision for one live run (`trainwise.slow_tick.run_decision`, JSON)."""
+
+
+@dg.op
+def hand_decision_to_run(context: dg.OpExecutionContext, config: RunDecisionConfig,
+                       state: StateResource) -> None:
+    """Hand the decision to the live run (live-control file, allocation) and record it with
+    this Dagster run's id, so the UI shows who changed the running job, what and when."""
+    decision = json.loads(config.decision_json)
+    record = slow_tick.apply_run_decision(state.path(), decision,
+                                          applied_by=f"dagster run {context.run_id}")
+    context.log.info(f"applied to run {decision['run_id']}: {record}")
+
+
+@dg.job(name="apply_run_decision",
+        description="Apply the slow layer's decision to a live run (the slow-policy sensor asks "
+                    "for it; the run folder's slow_decisions.jsonl names this Dagster run).")
+def run_decision_job():
+    hand_decision_to_run()
 
 
 # ---- schedule changes: propose (the gate blocks until approved), approve (the gate re-runs) ----

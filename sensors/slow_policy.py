@@ -5,9 +5,10 @@ policy, and when the rate moved enough requests a re-materialization of that par
 curriculum. Otherwise it says why it skipped. The cursor remembers the last decision per
 partition so a decision is requested once.
 
-How the run trains is applied at once (`slow_tick.apply_run_decisions`): the checkpoint
-interval and the preemption risk go to the trainer through the run's live-control file, a new
-allocation (market, zone, nodes) to the run's provider session through `allocation.json`.
+The sensor is pure: it reads, and returns run requests or a skip reason. How the run trains
+(`slow_tick.run_decision`: the checkpoint interval and the preemption risk for the trainer's
+live-control file, a new allocation for the run's provider session) is applied by a recorded
+run of the `apply_run_decision` job, so the UI shows who changed the running job, what, when.
 
 What the run learns from is a proposal: the requested run builds a candidate
 curriculum carrying the live change; only when its blocking check `curriculum_coverage` passes
@@ -16,19 +17,20 @@ automatic-approval rule (`trainwise.slow_tick.live_change_rule`, switched by the
 `live_change_rule` job). A failed gate leaves the running job untouched.
 """
 
+import hashlib
 import json
 
 import dagster as dg
 
 from assets.partitions import DATA_PARTITIONS
-from pipelines.jobs import curriculum_job
+from pipelines.jobs import curriculum_job, run_decision_job
 from trainwise import settings, slow_tick
 
 # A smaller change is not worth a new curriculum version (and a sampler epoch restart).
 MIN_RATE_CHANGE = 0.05
 
 
-@dg.sensor(job=curriculum_job, minimum_interval_seconds=300,
+@dg.sensor(jobs=[curriculum_job, run_decision_job], minimum_interval_seconds=300,
            default_status=dg.DefaultSensorStatus.STOPPED)
 def slow_policy_sensor(context: dg.SensorEvaluationContext):
     """Slow layer: re-decides the pruning rate from live telemetry; proposes a new curriculum
@@ -41,8 +43,19 @@ def slow_policy_sensor(context: dg.SensorEvaluationContext):
         if tick.action is None:
             skips.append(f"{partition}: {tick.skip_reason}")
             continue
-        applied = slow_tick.apply_run_decisions(state_dir, tick)
-        context.log.info(f"{partition}: applied to run {tick.run_id}: {applied}")
+        decision = slow_tick.run_decision(state_dir, tick)
+        text = json.dumps(decision, sort_keys=True) if decision is not None else ""
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        decision_key = f"decision:{tick.run_id}"
+        # One run per distinct decision: the same decision next tick is not asked for again.
+        if decision is not None and cursor.get(decision_key) != digest:
+            cursor[decision_key] = digest
+            requests.append(dg.RunRequest(
+                job_name=run_decision_job.name,
+                run_key=f"{decision_key}:{digest}",
+                run_config={"ops": {"hand_decision_to_run": {"config": {"decision_json": text}}}},
+                tags={"trainwise/layer": "slow", "trainwise/steered_run": tick.run_id or "",
+                      "trainwise/reason": decision["reason"][:250]}))
         rate = round(tick.action.pruning_rate, 2)
         current = tick.current_pruning_rate if tick.current_pruning_rate is not None else -1.0
         key = f"{partition}:{tick.run_id}:{rate:.2f}"
@@ -53,6 +66,7 @@ def slow_policy_sensor(context: dg.SensorEvaluationContext):
         cursor[partition] = key
         reason = f"slow policy: {tick.action.reason}"[:250]
         requests.append(dg.RunRequest(
+            job_name=curriculum_job.name,
             run_key=key,
             partition_key=partition,
             run_config={"ops": {"curriculum": {"config": {

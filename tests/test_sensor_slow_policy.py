@@ -20,6 +20,22 @@ def _evaluate(instance, cursor=None):
     return slow_policy_sensor.evaluate_tick(context)
 
 
+def _curriculum_requests(result) -> list:
+    return [r for r in result.run_requests if r.job_name == "curriculum_refresh"]
+
+
+def _apply_decisions(instance, result) -> list:
+    """Runs the `apply_run_decision` runs the sensor asked for, as the daemon would."""
+    runs = []
+    for request in result.run_requests:
+        if request.job_name == "apply_run_decision":
+            done = defs.resolve_job_def("apply_run_decision").execute_in_process(
+                instance=instance, run_config=request.run_config, tags=request.tags)
+            assert done.success
+            runs.append(done)
+    return runs
+
+
 def _live_run(run_id: str, steps: int, losses: list[float],
               data_selection: str = "static") -> None:
     """A run still training: request file and telemetry, no run_end yet."""
@@ -57,8 +73,7 @@ def test_sensor_requests_new_curriculum_for_live_run_once(instance):
 
     _live_run("live-run-1", steps=200, losses=[3.0, 2.6, 2.3, 2.1], data_selection="dynamic")
     result = _evaluate(instance)
-    assert len(result.run_requests) == 1
-    request = result.run_requests[0]
+    [request] = _curriculum_requests(result)
     rate = request.run_config["ops"]["curriculum"]["config"]["pruning_rate"]
     assert request.partition_key == "pystdlib" and rate >= 0.05
     assert request.tags["trainwise/steered_run"] == "live-run-1"
@@ -88,7 +103,7 @@ def test_sensor_requests_new_curriculum_for_live_run_once(instance):
 
 def _sensor_refresh(instance, run_id):
     _live_run(run_id, steps=200, losses=[3.0, 2.6, 2.3, 2.1], data_selection="dynamic")
-    [request] = _evaluate(instance).run_requests
+    [request] = _curriculum_requests(_evaluate(instance))
     return defs.resolve_job_def("curriculum_refresh").execute_in_process(
         partition_key="pystdlib", instance=instance, run_config=request.run_config,
         raise_on_error=False)
@@ -134,8 +149,12 @@ def test_sensor_holds_rate_when_eval_loss_regresses(instance):
                             "checkpoint": {"config": {"max_steps": 4}}}}).success
     _live_run("live-run-2", steps=200, losses=[2.0, 2.5])  # +25%: the quality guard
     result = _evaluate(instance)
-    assert not result.run_requests
-    assert "regressed" in result.skip_message
+    assert not _curriculum_requests(result)
+    # The hold is a decision about how the run trains (its interval), applied by a recorded run
+    # whose reason says why the rate is held.
+    [decision] = result.run_requests
+    assert decision.job_name == "apply_run_decision"
+    assert "regressed" in decision.tags["trainwise/reason"]
     assert not (settings.home_dir() / "runs" / "live-run-2" / "control.json").exists()
 
 
@@ -161,7 +180,18 @@ def test_sensor_hands_checkpoint_interval_risk_and_allocation_to_the_live_run(in
     # A spot run that was reclaimed twice: its hazard sets the risk and the interval.
     _live_run("live-spot", steps=200, losses=[3.0, 2.6])
     _gang_record("live-spot", "spot", reclaims=2)
-    _evaluate(instance)
+    result = _evaluate(instance)
+    run_dir = settings.home_dir() / "runs" / "live-spot"
+    # The sensor itself writes nothing to the live run: a recorded run applies its decision.
+    assert not (run_dir / "live_control.json").exists()
+    [applied] = _apply_decisions(instance, result)
+    [record] = [json.loads(line) for line in
+                (run_dir / "slow_decisions.jsonl").read_text().splitlines()]
+    assert record["applied_by"] == f"dagster run {applied.run_id}"
+    assert instance.get_run_by_id(applied.run_id).tags["trainwise/steered_run"] == "live-spot"
+    # The same decision on the next tick (cursor kept) is not asked for again.
+    assert not [r for r in _evaluate(instance, cursor=result.cursor).run_requests
+                if r.job_name == "apply_run_decision"]
     control = read_live_control(settings.home_dir() / "runs" / "live-spot" / "live_control.json")
     assert control.source == "slow_policy" and control.checkpoint_interval_s > 0
     assert 0.0 < control.preemption_risk < 1.0

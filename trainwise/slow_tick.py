@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from controllers.slow_types import (
     SlowObservation,
 )
 from telemetry.reader import read_run_events
+from telemetry.writer import rank_dir
 from training.safe_files import append_bytes
 
 FINISHED = {"completed", "failed"}
@@ -184,36 +185,63 @@ def decide(state_dir: Path, partition: str,
                     preemption_risk=observation.cluster.preemption_risk)
 
 
-def apply_run_decisions(state_dir: Path, tick: SlowTick) -> dict[str, Any]:
-    """Hands a tick's operational decisions to the live run, at once (they change how it runs,
-    not what it learns from, so no curriculum gate): the checkpoint interval and the preemption
-    risk through the run's live-control file (`training.live_control`, read by the trainer at its
-    next fast tick), and a new allocation through `allocation.json` (the run's provider session
-    checkpoints, releases, launches the new nodes and resumes). Recorded in the run folder's
-    `slow_decisions.jsonl` and returned."""
-    from training.live_control import LIVE_CONTROL_FILE, write_live_control
+def run_decision(state_dir: Path, tick: SlowTick) -> dict[str, Any] | None:
+    """A tick's operational decisions for its live run, as a JSON-able record, or None when
+    there is nothing to hand over. Reads the run folder, writes nothing: the slow-policy sensor
+    stays pure and asks for a recorded Dagster run (`apply_run_decision` job) to apply it.
+
+    The record: the checkpoint interval and the preemption risk (for the trainer's live-control
+    file) and a new allocation when the policy's differs from the one the run holds."""
     from trainwise import gang
 
     if tick.action is None or tick.run_id is None:
-        return {"status": f"nothing to apply: {tick.skip_reason}"}
+        return None
     run_dir = Path(state_dir) / "runs" / tick.run_id
     action = tick.action
-    record: dict[str, Any] = {"event": "slow_decisions", "run_id": tick.run_id,
-                              "at_s": time.time(), "reason": action.reason}
     interval = action.checkpoint_interval_s
     interval = float(interval) if interval is not None and math.isfinite(interval) and (
         interval > 0) else None
-    if interval is not None or tick.preemption_risk is not None:
-        write_live_control(run_dir / LIVE_CONTROL_FILE, checkpoint_interval_s=interval,
-                           preemption_risk=tick.preemption_risk,
-                           reason=f"slow policy: {action.reason}"[:500], source="slow_policy")
-        record.update(checkpoint_interval_s=interval, preemption_risk=tick.preemption_risk)
     current = gang.read_allocation(run_dir)
     held = gang.read_gang(run_dir) or {}
     if current is None and held.get("allocation"):
         current = gang.Allocation(**held["allocation"])
     wanted = gang.allocation_from_action(action.allocation, current)
-    if wanted is not None and (current is None or not wanted.same_nodes(current)):
+    if wanted is not None and current is not None and wanted.same_nodes(current):
+        wanted = None
+    if interval is None and tick.preemption_risk is None and wanted is None:
+        return None
+    return {"run_id": tick.run_id, "partition": tick.partition,
+            "reason": f"slow policy: {action.reason}"[:500],
+            "checkpoint_interval_s": interval, "preemption_risk": tick.preemption_risk,
+            "allocation": asdict(wanted) if wanted is not None else None}
+
+
+def apply_run_decision(state_dir: Path, decision: dict[str, Any],
+                       applied_by: str = "") -> dict[str, Any]:
+    """Hands a `run_decision` record to the live run (they change how it runs, not what it
+    learns from, so no curriculum gate): the interval and the risk through the run's
+    live-control file (`training.live_control`, read by the trainer at its next fast tick), a new
+    allocation through `allocation.json` (the in-process engine's provider session checkpoints,
+    releases, launches the new nodes and resumes). Recorded in the run folder's
+    `slow_decisions.jsonl` with `applied_by` (the Dagster run that applied it) and returned."""
+    from training.live_control import LIVE_CONTROL_FILE, write_live_control
+    from trainwise import gang
+
+    run_id = str(decision["run_id"])
+    rank_dir(Path("."), run_id, 0)  # one safe path part: it names a run folder
+    run_dir = Path(state_dir) / "runs" / run_id
+    if not run_dir.is_dir():
+        raise ValueError(f"run decision for {run_id!r}: no run folder {run_dir}; the run is gone "
+                         "or the decision names another deployment's run")
+    record: dict[str, Any] = {"event": "slow_decisions", "run_id": run_id, "at_s": time.time(),
+                              "reason": decision["reason"], "applied_by": applied_by}
+    interval, risk = decision.get("checkpoint_interval_s"), decision.get("preemption_risk")
+    if interval is not None or risk is not None:
+        write_live_control(run_dir / LIVE_CONTROL_FILE, checkpoint_interval_s=interval,
+                           preemption_risk=risk, reason=decision["reason"], source="slow_policy")
+        record.update(checkpoint_interval_s=interval, preemption_risk=risk)
+    if decision.get("allocation"):
+        wanted = gang.Allocation(**decision["allocation"])
         gang.write_allocation(run_dir, wanted)
         record["allocation"] = {"market": wanted.market, "zone": wanted.zone,
                                 "nodes": wanted.nodes}
@@ -223,6 +251,15 @@ def apply_run_decisions(state_dir: Path, tick: SlowTick) -> dict[str, Any]:
     append_bytes(run_dir / "slow_decisions.jsonl",
                  (json.dumps(record, sort_keys=True, default=str) + "\n").encode("utf-8"))
     return record
+
+
+def apply_run_decisions(state_dir: Path, tick: SlowTick, applied_by: str = "") -> dict[str, Any]:
+    """`run_decision` then `apply_run_decision` in one call (the CLI and tests; the sensor asks
+    for a recorded run instead)."""
+    decision = run_decision(state_dir, tick)
+    if decision is None:
+        return {"status": f"nothing to apply: {tick.skip_reason or 'no change'}"}
+    return apply_run_decision(state_dir, decision, applied_by)
 
 
 def live_change_rule(state_dir: Path) -> dict[str, Any]:
