@@ -55,11 +55,8 @@ class Workspace:
 def workspace(root: Path, partition: str, data_dir: Path | None = None) -> Workspace:
     """`root` as a state folder with `partition`'s shards and a keep-everything curriculum
     (built once; a second call reuses them)."""
-    import numpy as np
-
     from training import shards
-    from training.curriculum import curriculum_version, write_curriculum
-    from training.data_types import Curriculum
+    from training.curriculum import keep_everything, write_curriculum
 
     root = Path(root)
     shards_dir = root / "shards" / partition
@@ -68,15 +65,7 @@ def workspace(root: Path, partition: str, data_dir: Path | None = None) -> Works
                             shards_dir)
     curricula = root / "curricula" / partition
     if not (curricula / "LATEST").exists():
-        examples = shards.load_shards(shards_dir)
-        train_ids = examples.example_ids[examples.train_positions]
-        weights = np.ones(len(train_ids))
-        version = curriculum_version(partition, train_ids, weights, 0.0, examples.fingerprint,
-                                     None, 0.0)
-        write_curriculum(Curriculum(
-            partition=partition, version=version, example_ids=train_ids, weights=weights,
-            pruning_rate=0.0, data_fingerprint=examples.fingerprint, scores_step=None,
-            anneal_fraction=0.0), curricula)
+        write_curriculum(keep_everything(partition, shards.load_shards(shards_dir)), curricula)
     return Workspace(root)
 
 

@@ -15,7 +15,6 @@ import shutil
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -23,8 +22,7 @@ from controllers.fast_types import NoOpFastPolicy
 from telemetry.events import StepEvent, to_record
 from tests._preemption import SigtermAt
 from training import scoring, shards
-from training.curriculum import curriculum_version, write_curriculum
-from training.data_types import Curriculum
+from training.curriculum import keep_everything, write_curriculum
 from training.dynamic_pruning import write_pruning_control
 from trainwise import mlflow_live, runs
 from trainwise.object_store import LocalObjectStore
@@ -41,15 +39,8 @@ def built_state(tmp_path_factory) -> Path:
     shards.build_shards(PARTITION, root / "no-data", out)
     examples = shards.load_shards(out)
     scoring.write_scores(scoring.difficulty_scores(examples), root / "scores" / PARTITION)
-    train_ids = examples.example_ids[examples.train_positions]
-    weights = np.ones(len(train_ids))
-    version = curriculum_version(PARTITION, train_ids, weights, 0.3, examples.fingerprint,
-                                 None, 0.25)
-    write_curriculum(Curriculum(
-        partition=PARTITION, version=version, example_ids=train_ids, weights=weights,
-        pruning_rate=0.3, data_fingerprint=examples.fingerprint, scores_step=None,
-        anneal_fraction=0.25,
-    ), root / "curricula" / PARTITION)
+    write_curriculum(keep_everything(PARTITION, examples, pruning_rate=0.3, anneal_fraction=0.25),
+                     root / "curricula" / PARTITION)
     MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}").search_experiments()
     return root
 

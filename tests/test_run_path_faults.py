@@ -21,8 +21,7 @@ import pytest
 from controllers.fast_types import NoOpFastPolicy
 from tests._preemption import SigtermAt
 from training import shards
-from training.curriculum import curriculum_version, write_curriculum
-from training.data_types import Curriculum
+from training.curriculum import keep_everything, write_curriculum
 from trainwise import preflight, runs
 from trainwise.object_store import LocalObjectStore
 
@@ -36,15 +35,8 @@ def built_state(tmp_path_factory) -> Path:
     out = root / "shards" / PARTITION
     shards.build_shards(PARTITION, root / "no-data", out)
     examples = shards.load_shards(out)
-    train_ids = examples.example_ids[examples.train_positions]
-    weights = np.ones(len(train_ids))
-    version = curriculum_version(PARTITION, train_ids, weights, 0.0, examples.fingerprint,
-                                 None, 0.25)
-    write_curriculum(Curriculum(
-        partition=PARTITION, version=version, example_ids=train_ids, weights=weights,
-        pruning_rate=0.0, data_fingerprint=examples.fingerprint, scores_step=None,
-        anneal_fraction=0.25,
-    ), root / "curricula" / PARTITION)
+    write_curriculum(keep_everything(PARTITION, examples, anneal_fraction=0.25),
+                     root / "curricula" / PARTITION)
     # MLflow's sqlite schema takes ~7 s of migrations: made once here, copied with the state.
     from mlflow.tracking import MlflowClient
 

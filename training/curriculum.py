@@ -73,6 +73,21 @@ def curriculum_version(partition: str, example_ids: np.ndarray, weights: np.ndar
     return digest.hexdigest()[:VERSION_HEX]
 
 
+def keep_everything(partition: str, examples: ExampleSet, *, pruning_rate: float = 0.0,
+                    anneal_fraction: float = 0.0) -> Curriculum:
+    """Every train example at weight 1 (no pruning by the curriculum itself): the curriculum a
+    benchmark compares strategies on, and a test's baseline. `pruning_rate` is what the run's
+    dynamic selection starts from (the curriculum keeps everything whatever it says)."""
+    train_ids = examples.example_ids[examples.train_positions]
+    weights = np.ones(len(train_ids))
+    version = curriculum_version(partition, train_ids, weights, pruning_rate,
+                                 examples.fingerprint, None, anneal_fraction)
+    return Curriculum(partition=partition, version=version, example_ids=train_ids,
+                      weights=weights, pruning_rate=pruning_rate,
+                      data_fingerprint=examples.fingerprint, scores_step=None,
+                      anneal_fraction=anneal_fraction)
+
+
 def _train_scores(examples: ExampleSet, scores: ScoreTable) -> np.ndarray:
     """Score of every train example, in train_positions order."""
     if scores.data_fingerprint != examples.fingerprint:
