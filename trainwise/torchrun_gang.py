@@ -308,13 +308,12 @@ def check_ranks(request: Any, store: Any, policy: Any, nodes: int) -> None:
 def s3_checkpoint_uploader(root: str, key_prefix: str, bucket: str, prefix: str,
                            endpoint_url: str | None, region_name: str | None) -> Any:
     """Rank 0's uploader to the train job's S3 bucket (ddp_worker spec "store"): a boto3 client
-    of its own, credentials from the same environment chain as the job's."""
-    import boto3
+    of its own (botocore's standard retries, as every S3 client of the product), credentials
+    from the same environment chain as the job's."""
+    from trainwise.object_store import CheckpointUploader, S3ObjectStore, s3_client
 
-    from trainwise.object_store import CheckpointUploader, S3ObjectStore
-
-    client = boto3.client("s3", endpoint_url=endpoint_url or None, region_name=region_name)
-    return CheckpointUploader(S3ObjectStore(client, bucket, prefix), key_prefix)
+    return CheckpointUploader(S3ObjectStore(s3_client(endpoint_url, region_name), bucket,
+                                            prefix), key_prefix)
 
 
 def _uploader_spec(store: Any) -> dict[str, Any] | None:
