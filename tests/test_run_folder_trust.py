@@ -358,6 +358,8 @@ class Result:
         self._status, self._on_status = status, on_status
         self.run_id, self.steps, self.final_eval_loss = "sig", 4, 1.0
         self.checkpoint_path, self.checkpoint_sha256, self.elapsed_s = "ck", "0", 1.0
+        self.final_eval_accuracy, self.tokens_seen, self.samples_seen = None, 0, 0
+        self.cost_usd, self.telemetry_dir = 0.0, "tel"
     @property
     def status(self):
         if self._on_status:
