@@ -102,7 +102,7 @@ from trainwise.emulated_trainer import PROVIDER_POLICY, PROVIDER_RANK, _Trainer
 
 __all__ = ["DEFAULT_TRACE_FOLDER", "DEFAULT_ZONE_FILE", "PROVIDER_POLICY", "PROVIDER_RANK",
            "EmulatedResult", "ReplayPlan", "ReplaySpec", "RestorePoint", "_Emulation", "_Trainer",
-           "emulated_result", "plan_replay", "restore_from_store", "result_record",
+           "emulated_result", "plan_replay", "replay_policy", "restore_from_store", "result_record",
            "risk_model_kwargs", "run_emulated", "supervise"]
 
 DEFAULT_TRACE_FOLDER = "availability-1node-aws-2023-02"
@@ -245,6 +245,13 @@ class ReplayPlan:
         """The provider's notice in this machine's seconds (at least `min_notice_wall_s`)."""
         per_wall_s = self.market.tick_s / self.spec.seconds_per_tick
         return max(self.spec.min_notice_wall_s, self.rules.notice_s / per_wall_s)
+
+
+def replay_policy(name: str, plan: ReplayPlan, spot_dir: Path) -> Any:
+    """The registered allocation policy `name` for a replayed window, trainwise_heuristic's
+    hazard model fitted on the trace before the window (as the cost suite fits it)."""
+    return make_policy(name, **risk_model_kwargs(name, plan.market, plan.spec.trace_folder,
+                                                 spot_dir))
 
 
 def plan_replay(spec: ReplaySpec, max_steps: int, spot_dir: Path) -> ReplayPlan:
@@ -407,8 +414,7 @@ def run_emulated(
         shards.build_shards(partition, data_dir, shards_dir)
     plan = plan_replay(spec, max_steps, data_dir / "spot")
     market = plan.market
-    policy = make_policy(policy_name, **risk_model_kwargs(policy_name, market, trace_folder,
-                                                          data_dir / "spot"))
+    policy = replay_policy(policy_name, plan, data_dir / "spot")
     run_dir = out_dir / run_id
     job, status = supervise(
         plan, policy=policy, run_id=run_id, run_dir=run_dir, shards_dir=shards_dir,

@@ -34,8 +34,8 @@ from trainwise.emulated import (
     ReplaySpec,
     emulated_result,
     plan_replay,
+    replay_policy,
     result_record,  # re-exported: the driver writes the figures with it
-    risk_model_kwargs,
     supervise,
 )
 from trainwise.object_store import LocalObjectStore, ObjectStore
@@ -88,14 +88,6 @@ def check_supported(*, store: ObjectStore, data_selection: str,
         raise ValueError("allocation_policy is set, but " + "; ".join(problems))
 
 
-def default_policy(name: str, spec: ReplaySpec, spot_dir: Path, plan: Any) -> Any:
-    """The registered allocation policy `name`, with trainwise_heuristic's hazard model fitted on
-    the trace before the window (as the cost suite fits it)."""
-    from cloud.policy_registry import make_policy
-
-    return make_policy(name, **risk_model_kwargs(name, plan.market, spec.trace_folder, spot_dir))
-
-
 def train_supervised(*, config: Any, partition: str, run_id: str, replay: ReplaySpec,
                      allocation_policy: Any, state_dir: Path, run_dir: Path,
                      store: LocalObjectStore, key_prefix: str, fast_policy: str,
@@ -110,7 +102,7 @@ def train_supervised(*, config: Any, partition: str, run_id: str, replay: Replay
     data_dir = Path(data_dir) if data_dir is not None else settings.data_dir()
     replay = dataclasses.replace(replay, nodes=nodes)  # the request's gang size
     plan = plan_replay(replay, config.max_steps, data_dir / "spot")
-    policy = (default_policy(allocation_policy, replay, data_dir / "spot", plan)
+    policy = (replay_policy(allocation_policy, plan, data_dir / "spot")
               if isinstance(allocation_policy, str) else allocation_policy)
     policy_name = str(getattr(policy, "name", type(policy).__name__))
     train_config = dataclasses.asdict(config)
