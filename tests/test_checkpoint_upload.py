@@ -110,7 +110,24 @@ def test_upload_survives_the_endpoint_going_away(moto, tmp_path, caplog):
         assert failed_try.wait(timeout=120), "the upload never tried the stopped endpoint"
     finally:
         logging.getLogger("trainwise.upload").removeHandler(on_retry)
-    restarted = threading.Thread(target=moto.start)
+    # moto keeps its buckets in memory: between the new server answering and the bucket being
+    # made again, a try would meet NoSuchBucket (rightly not transient). Real S3 never loses a
+    # bucket, so tries wait until the restart (and its bucket) is complete.
+    back = threading.Event()
+    client = store.client
+
+    class AfterRestart:  # the store's client, each call held until the restart is complete
+        def __getattr__(self, name):
+            assert back.wait(timeout=120), "the endpoint never came back"
+            return getattr(client, name)
+
+    store.client = AfterRestart()
+
+    def restart() -> None:
+        moto.start()
+        back.set()
+
+    restarted = threading.Thread(target=restart)
     restarted.start()
     report = uploader.drain(timeout_s=90)
     restarted.join()
