@@ -17,14 +17,15 @@ from assets.partitions import DATA_PARTITIONS, data_partitions
 from assets.resources import StateResource
 from training import curriculum as curriculum_lib
 from training import scoring, shards
-from trainwise import settings, slow_tick
+from trainwise import schedule as schedule_lib
+from trainwise import slow_tick
 
 
 class CurriculumConfig(dg.Config):
     """How much of the easy data to prune, or which stored version to restore."""
 
     pruning_rate: float | None = None
-    """Share of below-mean-loss examples dropped, in [0, 1); unset = TRAINWISE_PRUNING_RATE."""
+    """Share of below-mean-loss examples dropped, in [0, 1); unset = the published schedule's."""
     seed: int = 0
     """Seed of the pruning draw (the manifest is reproducible for a seed)."""
     restore_version: str = ""
@@ -75,7 +76,9 @@ def curriculum(
                       "pruning_rate": built.pruning_rate, "why": config.reason,
                       "requested_by": requested_by},
             tags={"trainwise/curriculum_version": built.version})
-    rate = settings.pruning_rate() if config.pruning_rate is None else config.pruning_rate
+    # The published schedule's rate (trainwise.schedule) unless the run asks for one.
+    rate = (schedule_lib.published(state.path()).schedule["pruning_rate"]
+            if config.pruning_rate is None else config.pruning_rate)
     examples = shards.load_shards(state.path("shards", partition))
     table = scoring.read_scores(state.path("scores", partition))
     built = curriculum_lib.build_curriculum(examples, table, rate, seed=config.seed)

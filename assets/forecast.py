@@ -97,7 +97,7 @@ def cost_forecast(context: dg.AssetExecutionContext, config: CostForecastConfig,
                                     seed=config.seed)
     rows = [{"label": label, "policy": scenarios[label][0], **result.row()}
             for label, result in results.items()]
-    budget = settings.budget_usd()
+    budget = float(current["budget_usd"])  # the published schedule's (trainwise.schedule)
     out = state.path("forecast")
     plot_path = forecast_lib.plot(results, budget, out / "cost_forecast.png")
     (out / "cost_forecast.json").write_text(json.dumps(
@@ -129,11 +129,13 @@ def p90_within_budget(state: StateResource) -> dg.AssetCheckResult:
         return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
                                    description="no forecast yet: materialize cost_forecast")
     saved = json.loads(path.read_text())
-    head, budget = saved["rows"][0], settings.budget_usd()
+    head, budget = saved["rows"][0], float(
+        approvals.current_schedule(state.path(*approvals.FOLDER))["budget_usd"])
     passed = head["p90_usd"] <= budget
     return dg.AssetCheckResult(
         passed=passed, severity=dg.AssetCheckSeverity.WARN,
         metadata={"p90_usd": head["p90_usd"], "budget_usd": budget},
         description=(f"P90 {head['p90_usd']} USD within budget {budget:g} USD" if passed else
                      f"P90 {head['p90_usd']} USD exceeds the budget {budget:g} USD "
-                     "(TRAINWISE_BUDGET_USD): pick a cheaper schedule or raise the budget"))
+                     "(the published schedule's budget_usd): pick a cheaper schedule or raise "
+                     "the budget through schedule_change"))

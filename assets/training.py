@@ -14,6 +14,7 @@ from assets.resources import (
     TelemetryStoreResource,
 )
 from trainwise import run_request, runs, settings
+from trainwise import schedule as schedule_lib
 
 # The launchpad's config is the run schema itself (`trainwise.run_request.TrainRequest`), every
 # field but those the job fills in: one schema from the launchpad to the trainer, never copied.
@@ -79,14 +80,29 @@ def checkpoint(
     context.instance.add_run_tags(context.run.run_id, {TRAINING_RUN_TAG: run_id})
     if run_id != context.run.run_id:
         context.log.info(f"resuming training run {run_id} from its last good checkpoint")
-    # The run config's fields are the request's (a test keeps the two in step).
-    request = runs.TrainRequest(**{
-        **config.model_dump(),
-        "instance_type": config.instance_type or settings.get("TRAINWISE_INSTANCE_TYPE"),
-        "partition": context.partition_key,
-        "run_id": run_id,
-        "region": settings.get("TRAINWISE_REGION"),
-    })
+    # The run config's fields are the request's (a test keeps the two in step); the fields the
+    # published schedule sets come from it (trainwise.schedule), a departure only with a reason.
+    given = config.model_dump()
+    asked = {name: given.pop(name) for name in run_request.SCHEDULED_IN_LAUNCHPAD}
+    asked = {k: v for k, v in asked.items() if v != run_request.FROM_SCHEDULE}
+    if config.allocation_policy:
+        asked["allocation_policy"] = config.allocation_policy
+    published = schedule_lib.published(state_dir)
+    try:
+        request = schedule_lib.apply_to_request(runs.TrainRequest(**{
+            **given,
+            "instance_type": config.instance_type or settings.get("TRAINWISE_INSTANCE_TYPE"),
+            "partition": context.partition_key,
+            "run_id": run_id,
+            "region": settings.get("TRAINWISE_REGION"),
+        }), published, asked=asked, override_reason=config.schedule_override_reason)
+    except schedule_lib.ScheduleError as error:
+        raise dg.Failure(description=str(error)) from error
+    context.log.info(f"on the published schedule {published.label()}: fast policy "
+                     f"{request.fast_policy}, levers {', '.join(request.fast_levers)}, interval "
+                     f"rule {request.checkpoint_interval_rule}")
+    context.instance.add_run_tags(context.run.run_id,
+                                  {"trainwise/schedule_version": request.schedule_version})
     try:
         summary = runs.run_training(
             request,

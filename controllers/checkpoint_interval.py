@@ -185,6 +185,11 @@ def active_rule() -> str:
     return _active_rule
 
 
+def registered_rules() -> tuple[str, ...]:
+    """The rule names a schedule may choose (`trainwise.schedule`)."""
+    return tuple(sorted(_RULES))
+
+
 def choose_checkpoint_interval(facts: IntervalFacts) -> IntervalChoice:
     """The interval every caller uses: the active rule's answer to `facts`."""
     return _RULES[_active_rule](facts)
@@ -271,6 +276,15 @@ def trainwise_rule(facts: IntervalFacts) -> IntervalChoice:
         reason = (f"{name} on save {cost_s:.3g}s and MTBF {mtbf_s:.0f}s ({hazard}), clamped "
                   f"to [{floor_s:.0f}, {facts.max_interval_s:.0f}]s")
     return IntervalChoice(interval_s, DEFAULT_RULE, reason, mtbf_s, optimum_s)
+
+
+@register_rule("fixed")
+def fixed_rule(facts: IntervalFacts) -> IntervalChoice:
+    """No tuning: the job's own interval (else the minimum), whatever is measured. The schedule
+    a team chooses when it wants the saves it configured and nothing the hazard suggests."""
+    floor_s = facts.own_interval_s if facts.own_interval_s is not None else facts.min_interval_s
+    return IntervalChoice(floor_s, "fixed", f"fixed rule: the job's own interval "
+                          f"({floor_s:.0f}s), not tuned")
 
 
 def _halve_to_fit(interval_s: float, floor_s: float, slack: DeadlineSlack) -> float:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 # Importing the built-ins registers them (batch 10, stragglers 20, preemption 30).
@@ -189,10 +190,28 @@ class HeuristicFastPolicy:
 
     name = "heuristic_fast"
 
-    def __init__(self, config: FastHeuristicConfig | None = None) -> None:
+    def __init__(self, config: FastHeuristicConfig | None = None,
+                 levers: Iterable[str] | None = None) -> None:
         self.config = config or FastHeuristicConfig()
         self.levers: tuple[FastLever, ...] = tuple(cls(self.config) for cls in registered_levers())
         self._last_good: FastAction | None = None
+        if levers:
+            self.set_levers(levers)
+
+    def set_levers(self, names: Iterable[str]) -> tuple[str, ...]:
+        """Only the registered levers named act from the next tick (the schedule's
+        `fast_levers`); a lever kept keeps its state, one switched back on starts afresh.
+        Returns the names in force; an unregistered name is refused by name."""
+        wanted = set(names)
+        known = {cls.name: cls for cls in registered_levers()}
+        unknown = wanted - set(known)
+        if unknown:
+            raise ValueError(f"fast levers {sorted(unknown)} are not registered; registered: "
+                             f"{', '.join(sorted(known))}")
+        mine = {lever.name: lever for lever in self.levers}
+        self.levers = tuple(mine.get(name) or known[name](self.config)
+                            for name in known if name in wanted)
+        return tuple(lever.name for lever in self.levers)
 
     def lever(self, name: str) -> FastLever:
         """This policy's instance of the registered lever `name` (its state, for tests)."""

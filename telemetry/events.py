@@ -141,6 +141,9 @@ class DecisionEvent(Event):
     reason: str
     numbers: dict[str, float]
     observation: dict[str, Any]
+    # Version of the published schedule the decision was made under (trainwise.schedule); ""
+    # for a run not started on one (a library or benchmark call) and for older records.
+    schedule_version: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

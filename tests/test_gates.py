@@ -180,7 +180,9 @@ def test_fast_policy_and_data_selection_are_choices_checked_by_the_schema():
     from assets.training import TrainRunConfig
     from trainwise import runs
 
-    assert get_args(TrainRunConfig.model_fields["fast_policy"].annotation) == runs.FAST_POLICIES
+    # "schedule" (the default): the published schedule's fast policy (issue 28).
+    assert get_args(TrainRunConfig.model_fields["fast_policy"].annotation) == (
+        "schedule", *runs.FAST_POLICIES)
     assert (get_args(TrainRunConfig.model_fields["data_selection"].annotation)
             == runs.DATA_SELECTIONS)
     with pytest.raises(dg.DagsterInvalidConfigError, match="fancy"):

@@ -130,4 +130,7 @@ def test_every_run_config_field_reaches_the_train_request():
 
     request_fields = {f.name for f in dataclasses.fields(TrainRequest)}
     assert set(TrainRunConfig.model_fields) <= request_fields
-    assert request_fields - set(TrainRunConfig.model_fields) == {"partition", "run_id", "region"}
+    # The job fills three; the published schedule three more (trainwise.schedule, issue 28).
+    assert request_fields - set(TrainRunConfig.model_fields) == {
+        "partition", "run_id", "region", "schedule_version", "fast_levers",
+        "checkpoint_interval_rule"}

@@ -16,15 +16,23 @@ from trainwise.run_request import TrainRequest, trainer_config
 # Fields that steer the driver, not the trainer (each is read by name in trainwise/runs.py or
 # the engines); a new request field must be placed here or be a TrainConfig field.
 DRIVER_FIELDS = {"partition", "region", "fast_policy", "data_selection", "market", "zone",
-                 "nodes", "lever_guard_reference_run", "allocation_policy"}
+                 "nodes", "lever_guard_reference_run", "allocation_policy",
+                 "schedule_override_reason"}
 
 
-def test_the_launchpad_config_is_the_request_less_the_job_filled_fields():
+def test_the_launchpad_config_is_the_request_less_the_job_and_schedule_filled_fields():
     request_fields = {f.name: f for f in dataclasses.fields(TrainRequest)}
-    assert set(TrainRunConfig.model_fields) == set(request_fields) - set(run_request.JOB_FIELDS)
+    assert set(TrainRunConfig.model_fields) == (
+        set(request_fields) - set(run_request.JOB_FIELDS) - set(run_request.SCHEDULE_FIELDS))
     for name, info in TrainRunConfig.model_fields.items():
+        doc = request_fields[name].metadata["doc"]
+        if name in run_request.SCHEDULED_IN_LAUNCHPAD:
+            # Empty in the launchpad means the published schedule's value (issue 28).
+            assert info.default == run_request.FROM_SCHEDULE, name
+            assert info.description.startswith(doc) and "published schedule" in info.description
+            continue
         assert info.default == request_fields[name].default, name
-        assert info.description and info.description == request_fields[name].metadata["doc"]
+        assert info.description and info.description == doc
 
 
 def test_every_request_field_is_the_trainers_or_the_drivers():

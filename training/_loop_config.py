@@ -77,6 +77,16 @@ class TrainConfig:
     (controllers.checkpoint_interval, which the slow layer and the allocation heuristic ask too)
     from the observed hazard and the measured save cost; a live interval takes precedence;
     False = checkpoint_every_steps until a live interval arrives"""
+    # -- the published schedule (trainwise.schedule), as the driver resolved it --
+    schedule_version: str = ""
+    """version (content hash) of the schedule the run started on; stamped on every decision
+    record; a live-control file may switch it at a fast tick"""
+    fast_levers: tuple[str, ...] = ()
+    """levers of the fast heuristic that may act (controllers.fast_levers); empty = every
+    registered lever"""
+    checkpoint_interval_rule: str = "trainwise"
+    """rule of the one checkpoint-interval chooser (controllers.checkpoint_interval) in this
+    trainer process"""
     checkpoint_min_interval_s: float = DEFAULT_MIN_INTERVAL_S
     """the autotuned interval's floor (seconds): never checkpoint more often than this"""
     # -- lever guard (controllers.lever_guard; issue 12) --

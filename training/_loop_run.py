@@ -59,6 +59,8 @@ from training._loop_persist import (
     PersistResult,
     snapshot_copy,
 )
+from training._loop_schedule import ScheduleInForce
+from training._loop_schedule import switch as switch_schedule
 from training._loop_state import RunState, build_state
 from training._loop_step import (
     StepOutcome,
@@ -176,6 +178,8 @@ class LoopRun:
         self._start_step = self.run.step
         # The lever guard (TrainConfig.lever_guard): None when off.
         self.guards = fast.LeverGuards.build(self.config, self.sampler, self.run.levers_off)
+        # The published schedule's levers and interval rule (training._loop_schedule).
+        self.schedule = ScheduleInForce.at_start(self.config, self.policy)
 
     # -- bookkeeping ------------------------------------------------------------------------
     def _tick_clock(self) -> None:
@@ -187,6 +191,9 @@ class LoopRun:
         to telemetry (the step boundary is finished and checkpointed first, see the module
         docstring) and keeps each refused record in the ledger instead."""
         assert self.writer is not None
+        if isinstance(event, DecisionEvent) and not event.schedule_version:
+            # Every decision names the schedule it was made under (issue 28).
+            event = dataclasses.replace(event, schedule_version=self.schedule.version)
         self._commit_clock(event)
         if self.telemetry_error is not None:
             self._keep_unwritten(event)
@@ -543,7 +550,16 @@ class LoopRun:
             if isinstance(control, ValueError):
                 self._live_decision("live_control", {"refused": True}, (
                     f"live-control file refused, nothing changed: {control}"), {})
-            elif control is not None:
+            elif control is not None and control.schedule is not None and (
+                    control.schedule["version"] != self.schedule.version):
+                self.policy, self.schedule, action, reason = switch_schedule(
+                    self.schedule, self.policy, control.schedule)
+                self._live_decision(control.source or "live_control", action,
+                                    f"{reason} ({control.reason})" if control.reason else reason,
+                                    {})
+            if control is not None and not isinstance(control, ValueError) and (
+                    control.checkpoint_interval_s is not None
+                    or control.preemption_risk is not None):
                 steps = self.live.interval_steps()
                 self._live_decision(control.source or "live_control", {
                     "checkpoint_interval_s": control.checkpoint_interval_s,

@@ -15,6 +15,9 @@ Fields (None = leave as it is):
   converts it to steps with its measured step time.
 - `preemption_risk`: P(preemption within the next `RISK_HORIZON_S` seconds), in [0, 1], from the
   hazard model; it goes into the fast policy's `FastObservation.preemption_risk`.
+- `schedule`: a newly published schedule for the run (`trainwise.schedule`): {"version",
+  "fast_policy", "fast_levers", "checkpoint_interval_rule"}; the trainer switches at that tick
+  and stamps the new version on every decision after it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from training._data_io import atomic_write_json, control_digest, read_control_json
 
@@ -43,6 +47,7 @@ class LiveControl:
     reason: str
     source: str
     digest: str  # sha256 of the content and its write time: the trainer applies each once
+    schedule: dict[str, Any] | None = None
 
 
 def _interval(value: object, where: str) -> float | None:
@@ -64,6 +69,25 @@ def _risk(value: object, where: str) -> float | None:
     return float(value)
 
 
+_SCHEDULE_KEYS = ("version", "fast_policy", "fast_levers", "checkpoint_interval_rule")
+
+
+def _schedule(value: object, where: str) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != set(_SCHEDULE_KEYS):
+        raise ValueError(f"{where}schedule={value!r} must be an object with exactly "
+                         f"{', '.join(_SCHEDULE_KEYS)}")
+    levers = value["fast_levers"]
+    if not all(isinstance(value[k], str) and value[k] for k in _SCHEDULE_KEYS
+               if k != "fast_levers") or not (
+            isinstance(levers, list) and all(isinstance(n, str) for n in levers)):
+        raise ValueError(f"{where}schedule={value!r}: version, fast_policy and "
+                         "checkpoint_interval_rule must be non-empty strings, fast_levers a list "
+                         "of lever names")
+    return {**value, "fast_levers": list(levers)}
+
+
 def write_live_control(
     path: str | Path,
     *,
@@ -71,16 +95,18 @@ def write_live_control(
     preemption_risk: float | None = None,
     reason: str = "",
     source: str = "slow_policy",
+    schedule: dict[str, Any] | None = None,
 ) -> Path:
     """Atomically (tmp, fsync, rename) writes the live-control file a running trainer reads at its
     next fast tick. Refuses, before writing, an empty control or a value out of range."""
-    if checkpoint_interval_s is None and preemption_risk is None:
-        raise ValueError("write_live_control needs checkpoint_interval_s and/or preemption_risk; "
-                         "an empty control would change nothing")
+    if checkpoint_interval_s is None and preemption_risk is None and schedule is None:
+        raise ValueError("write_live_control needs checkpoint_interval_s, preemption_risk and/or "
+                         "schedule; an empty control would change nothing")
     content = {
         "format": LIVE_CONTROL_FORMAT,
         "checkpoint_interval_s": _interval(checkpoint_interval_s, ""),
         "preemption_risk": _risk(preemption_risk, ""),
+        "schedule": _schedule(schedule, ""),
         "reason": str(reason), "source": str(source), "written_at_s": time.time(),
     }
     path = Path(path)
@@ -96,12 +122,14 @@ def read_live_control(path: str | Path) -> LiveControl:
     try:
         interval = _interval(content.get("checkpoint_interval_s"), where)
         risk = _risk(content.get("preemption_risk"), where)
+        schedule = _schedule(content.get("schedule"), where)
     except ValueError as error:
         raise ValueError(f"{error}; {_FIX}") from error
-    if interval is None and risk is None:
-        raise ValueError(f"{where}sets neither checkpoint_interval_s nor preemption_risk: {_FIX}")
+    if interval is None and risk is None and schedule is None:
+        raise ValueError(f"{where}sets none of checkpoint_interval_s, preemption_risk, schedule: "
+                         f"{_FIX}")
     return LiveControl(
-        checkpoint_interval_s=interval, preemption_risk=risk,
+        checkpoint_interval_s=interval, preemption_risk=risk, schedule=schedule,
         reason=str(content.get("reason", "")), source=str(content.get("source", "")),
         digest=control_digest(content),
     )

@@ -1,12 +1,23 @@
 """Schedule changes as proposals that go live only with an approval bound to their content.
 
-A schedule is what the next runs use: the pruning rate, the node allocation policy and a
-free-text allocation rule. A change is a *proposal* (`candidate.json`) carrying its content
-hash, its forecast savings (USD per run, P50) and the eval-loss change seen in recent runs. A
-person approves a hash (`record_approval`: approver, hash, comment, time). The gate
+A schedule is what the runs use (`trainwise.schedule`: both layers' policies, the levers, the
+checkpoint-interval rule, the pruning rate and its bounds, the budget). A change is a
+*proposal* (`candidate.json`) carrying its content hash, its forecast savings (USD per run,
+P50) and the eval-loss change seen in recent runs. A person approves a hash
+(`record_approval`: approver, hash, comment, time). The gate
 (`audit_and_publish`) passes only when an approval names the candidate's current hash and the
 thresholds hold; then the candidate becomes `current.json`. Changing the proposal changes its
 hash, so an approval given for an earlier version approves nothing (it is reported as stale).
+
+A rollback is a proposal too (`propose_rollback`: back to the schedule before the current one,
+or to any version published earlier); it needs an approval of its hash like any change, while
+the savings and eval-loss thresholds, met when that version was first published, are not asked
+again (a rollback is how a bad change is undone, and must not wait for new evidence).
+
+Who approved comes from the Dagster run's `user` tag when the run has one (Dagster+ sets it from
+the login; an authenticating proxy deployment sets it, docs/operations.md) and a typed name must
+then match it; otherwise the typed name, recorded as unverified. `TRAINWISE_APPROVERS` (an
+allow-list) refuses anyone else; `TRAINWISE_REQUIRE_VERIFIED_APPROVER=1` refuses typed names.
 
 Files, under `<state>/governance/schedule/`: current.json, candidate.json, approvals.jsonl and
 history.jsonl (append-only records of proposals, approvals, rejections and publications).
@@ -14,7 +25,6 @@ history.jsonl (append-only records of proposals, approvals, rejections and publi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -24,10 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from training.safe_files import append_bytes
+from trainwise import schedule as schedule_lib
 from trainwise import settings
 
-FOLDER = ("governance", "schedule")
-HASH_HEX_DIGITS = 16
+FOLDER = schedule_lib.FOLDER
+content_hash = schedule_lib.content_hash
+# The run tag Dagster+ sets to the launching user's login (dagster._core.storage.tags.USER_TAG).
+USER_TAG = "user"
 # Runs whose pruning rate is within this of a schedule's rate count as runs at that rate.
 RATE_MATCH = 0.025
 RECENT_RUNS = 50
@@ -64,14 +77,13 @@ def _lines(path: Path) -> list[dict]:
 
 def default_schedule() -> dict[str, Any]:
     """The schedule before any approved change: the settings."""
-    return {"pruning_rate": settings.pruning_rate(),
-            "allocation_policy": settings.get("TRAINWISE_ALLOCATION_POLICY"),
-            "allocation_rule": ""}
+    return schedule_lib.default_schedule()
 
 
 def current_schedule(folder: Path) -> dict[str, Any]:
-    current = _read_json(Path(folder) / "current.json")
-    return current["schedule"] if current else default_schedule()
+    """The schedule in force, every field filled in (`trainwise.schedule.complete`)."""
+    current = schedule_lib.read_current(Path(folder))
+    return schedule_lib.complete(current["schedule"]) if current else default_schedule()
 
 
 def read_candidate(folder: Path) -> dict | None:
@@ -86,40 +98,104 @@ def approvals(folder: Path) -> list[dict]:
     return _lines(Path(folder) / "approvals.jsonl")
 
 
-def content_hash(content: dict[str, Any]) -> str:
-    """First 16 hex digits of the sha256 of the canonical JSON of what is approved."""
-    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:HASH_HEX_DIGITS]
-
-
 def propose(folder: Path, to: dict[str, Any], *, forecast_savings_usd: float,
             eval_loss_change: float | None, evidence: dict[str, Any], reason: str,
-            requested_by: str) -> dict[str, Any]:
+            requested_by: str, rollback_of: str = "") -> dict[str, Any]:
     """Write the candidate (replacing any earlier one) and record the proposal. The hash covers
-    the change (from, to) and the figures shown to the approver."""
+    the change (from, to), the figures shown to the approver and, for a rollback, the version
+    rolled back to. `to` is validated (`trainwise.schedule.validate`)."""
     folder = Path(folder)
+    to = schedule_lib.validate(to)
     content = {"from": current_schedule(folder), "to": to,
                "forecast_savings_usd": round(float(forecast_savings_usd), 2),
                "eval_loss_change": None if eval_loss_change is None
                else round(float(eval_loss_change), 4)}
+    if rollback_of:
+        content["rollback_of"] = rollback_of
     proposal = {**content, "hash": content_hash(content), "evidence": evidence,
                 "reason": reason, "requested_by": requested_by, "proposed_at": time.time()}
     _write_json(folder / "candidate.json", proposal)
     _append(folder / "history.jsonl", {"event": "proposed", "hash": proposal["hash"],
                                        "to": to, "requested_by": requested_by, "reason": reason,
+                                       "rollback_of": rollback_of,
                                        "time": proposal["proposed_at"]})
     return proposal
 
 
-def record_approval(folder: Path, approver: str, approved_hash: str, comment: str = "",
-                    now: float | None = None) -> dict[str, Any]:
-    """Record a person's approval of the candidate with hash `approved_hash`. Refused when the
-    approver is empty, there is no candidate, or the hash is not the candidate's (an approval
-    of something not on the table would approve nothing)."""
-    folder = Path(folder)
-    if not approver.strip():
+def published_versions(folder: Path) -> list[dict[str, Any]]:
+    """Every schedule that has been in force, oldest first: the default, then each publication
+    ({"version", "schedule", "time"}); a rollback may go back to any of them."""
+    first = history(folder)
+    published = [r for r in first if r.get("event") == "published"]
+    start = published[0]["from"] if published else current_schedule(folder)
+    rows = [{"version": schedule_lib.version_of(start), "schedule": schedule_lib.complete(start),
+             "time": None}]
+    for record in published:
+        to = schedule_lib.complete(record["to"])
+        rows.append({"version": schedule_lib.version_of(to), "schedule": to,
+                     "time": record["time"]})
+    return rows
+
+
+def rollback_target(folder: Path, target: str) -> dict[str, Any]:
+    """The schedule a rollback returns to: "previous" (the one before the current), or a
+    version (content hash) that has been in force. Refused, naming the versions, otherwise."""
+    rows = published_versions(folder)
+    now = schedule_lib.version_of(current_schedule(folder))
+    if target.strip() == "previous":
+        earlier = [r for r in rows if r["version"] != now]
+        if not earlier:
+            raise ApprovalError("there is no earlier schedule to roll back to (nothing has been "
+                                "published yet)")
+        return earlier[-1]
+    for row in reversed(rows):
+        if row["version"] == target.strip():
+            if row["version"] == now:
+                raise ApprovalError(f"schedule {target} is the one in force; roll back to "
+                                    "another version or to 'previous'")
+            return row
+    raise ApprovalError(f"rollback_to {target!r} is no schedule that has been in force; "
+                        f"versions: {', '.join(r['version'] for r in rows)} (or 'previous')")
+
+
+def approver_identity(typed: str, run_tags: dict[str, str]) -> tuple[str, str]:
+    """(who approved, how that is known). The Dagster run's `user` tag wins over a typed name
+    (which must then match it); a typed name alone is unverified. The allow-list and the
+    verified-only setting refuse by name."""
+    tagged = (run_tags or {}).get(USER_TAG, "").strip()
+    typed = (typed or "").strip()
+    if tagged:
+        if typed and typed != tagged:
+            raise ApprovalError(f"approver {typed!r} is not the user who launched this run "
+                                f"({tagged!r}, the run's {USER_TAG!r} tag); an approval is "
+                                "given by the one who gives it: leave approver empty or use "
+                                "your own")
+        who, source = tagged, f"dagster run tag {USER_TAG!r}"
+    elif settings.get("TRAINWISE_REQUIRE_VERIFIED_APPROVER") == "1":
+        raise ApprovalError(
+            "this deployment takes approvals only from a verified user (TRAINWISE_REQUIRE_"
+            f"VERIFIED_APPROVER=1) and the run has no {USER_TAG!r} tag: approve from Dagster+ or "
+            "through the authenticating proxy (docs/operations.md, 'Who approves')")
+    elif not typed:
         raise ApprovalError("approver is empty; give your name in the approvals run config "
                             "(ops.approvals.config.approver)")
+    else:
+        who, source = typed, "typed name (unverified: no login in front of this Dagster)"
+    allowed = [a.strip() for a in settings.get("TRAINWISE_APPROVERS").split(",") if a.strip()]
+    if allowed and who not in allowed:
+        raise ApprovalError(f"{who!r} may not approve schedule changes: TRAINWISE_APPROVERS "
+                            f"lists {', '.join(allowed)}")
+    return who, source
+
+
+def record_approval(folder: Path, approver: str, approved_hash: str, comment: str = "",
+                    now: float | None = None, run_tags: dict[str, str] | None = None
+                    ) -> dict[str, Any]:
+    """Record a person's approval of the candidate with hash `approved_hash`. Refused when the
+    approver is unknown or not allowed (`approver_identity`), there is no candidate, or the hash
+    is not the candidate's (an approval of something not on the table would approve nothing)."""
+    folder = Path(folder)
+    approver, identity_source = approver_identity(approver, run_tags or {})
     candidate = read_candidate(folder)
     if candidate is None:
         raise ApprovalError("there is no schedule_change proposal to approve; materialize "
@@ -129,7 +205,8 @@ def record_approval(folder: Path, approver: str, approved_hash: str, comment: st
             f"content_hash {approved_hash!r} is not the current proposal's {candidate['hash']!r}"
             f" (to {json.dumps(candidate['to'], sort_keys=True)}); review the proposal shown "
             "on schedule_change and approve its hash")
-    record = {"approver": approver.strip(), "hash": candidate["hash"], "comment": comment,
+    record = {"approver": approver, "identity_source": identity_source,
+              "hash": candidate["hash"], "comment": comment,
               "time": time.time() if now is None else now}
     _append(folder / "approvals.jsonl", record)
     _append(folder / "history.jsonl", {"event": "approved", **record})
@@ -153,10 +230,19 @@ def gate_report(folder: Path, min_savings_usd: float, max_eval_loss_regression: 
         failures.append(f"no approval of {candidate['hash']}{note}; approve it by materializing "
                         "approvals with content_hash set to it")
     savings = candidate["forecast_savings_usd"]
+    change = candidate["eval_loss_change"]
+    if candidate.get("rollback_of"):
+        # The thresholds held when this version was published; a rollback undoes a change and
+        # must not wait for new evidence (module docstring). The approval is still required.
+        return {"passed": not failures, "hash": candidate["hash"], "to": candidate["to"],
+                "rollback_of": candidate["rollback_of"], "forecast_savings_usd": savings,
+                "eval_loss_change": change, "approval": given[-1] if given else None,
+                "failures": failures,
+                "status": (f"rollback to {candidate['rollback_of']} approved (its thresholds held "
+                           "when it was published)") if not failures else "; ".join(failures)}
     if savings < min_savings_usd:
         failures.append(f"forecast savings {savings:.2f} USD < TRAINWISE_MIN_FORECAST_SAVINGS_USD"
                         f"={min_savings_usd:g}")
-    change = candidate["eval_loss_change"]
     if change is None:
         failures.append("no eval-loss evidence at both pruning rates (see evidence); train a run "
                         "at the proposed rate, or propose an allocation-only change")
@@ -181,14 +267,17 @@ def audit_and_publish(folder: Path, min_savings_usd: float, max_eval_loss_regres
             report["status"] = (f"proposal {candidate['hash']} blocked, current schedule stays: "
                                 + report["status"])
         return report
+    version = schedule_lib.version_of(candidate["to"])
     record = {"event": "published", "hash": candidate["hash"], "from": candidate["from"],
-              "to": candidate["to"], "approval": report["approval"], "checked_by": checked_by,
-              "time": time.time()}
+              "to": candidate["to"], "version": version,
+              "rollback_of": candidate.get("rollback_of", ""), "approval": report["approval"],
+              "checked_by": checked_by, "time": time.time()}
     _write_json(folder / "current.json", {"schedule": candidate["to"], "hash": candidate["hash"],
-                                          "published": record})
+                                          "version": version, "published": record})
     _append(folder / "history.jsonl", record)
     (folder / "candidate.json").unlink()
-    report["status"] = f"proposal {candidate['hash']} published"
+    report["status"] = f"proposal {candidate['hash']} published: schedule version {version}"
+    report["version"] = version
     report["published"] = record
     return report
 

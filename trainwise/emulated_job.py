@@ -127,7 +127,9 @@ class _Emulation(_TrainerProcesses):
                numbers: dict[str, float], observation: dict[str, Any] | None = None) -> None:
         self.writer.write(DecisionEvent(
             run_id=self.run_id, rank=PROVIDER_RANK, step=self.steps, layer="slow", policy=policy,
-            action=action, reason=reason, numbers=numbers, observation=observation or {}))
+            action=action, reason=reason, numbers=numbers, observation=observation or {},
+            # The schedule the trainer started on (its config names it; "" for a benchmark).
+            schedule_version=str(self.train_config.get("schedule_version") or "")))
 
     def end_holding(self, reason: str) -> None:
         """The job lets its nodes go now (the provider closes their bills, `terminate`)."""

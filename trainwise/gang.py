@@ -180,6 +180,9 @@ class GangSession:
     run_dir: Path
     run_id: str
     region: str = ""
+    # The published schedule the run started on (trainwise.schedule); a live switch handed
+    # later is read from the run folder at each record.
+    schedule_version: str = ""
     nodes: list[NodeHandle] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
     reclaims: int = 0
@@ -525,12 +528,15 @@ class GangSession:
         if self._writer is None:
             self._writer = SegmentWriter(self.run_dir / "telemetry", self.run_id,
                                          rank=PROVIDER_RANK)
+        from trainwise.schedule import run_schedule_version
+
         self._writer.write(DecisionEvent(
             run_id=self.run_id, rank=PROVIDER_RANK, step=0, layer="slow", policy=POLICY_NAME,
             action={k: v for k, v in entry.items() if k not in ("reason", "wall_time_s")},
             reason=reason, numbers={"provider_time_s": float(self.provider.now_s()),
                                     "reclaims": float(self.reclaims)},
-            observation={}))
+            observation={},
+            schedule_version=run_schedule_version(self.run_dir) or self.schedule_version))
 
 
 class _GangFastPolicy:

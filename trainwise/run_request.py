@@ -21,6 +21,13 @@ Market = Literal["on_demand", "spot"]
 # Filled in by the train job (the Dagster partition, the lineage's run id, the setting), not set
 # in the launchpad.
 JOB_FIELDS = ("partition", "run_id", "region")
+# Set from the published schedule (`trainwise.schedule`), not in the launchpad.
+SCHEDULE_FIELDS = ("schedule_version", "fast_levers", "checkpoint_interval_rule")
+# Launchpad choices whose value FROM_SCHEDULE (the default there) means "the published
+# schedule's"; an explicit value that differs is a departure, refused without
+# schedule_override_reason. (Dagster config has no optional choice, hence a named value.)
+SCHEDULED_IN_LAUNCHPAD = ("fast_policy",)
+FROM_SCHEDULE = "schedule"
 
 
 def _doc(default: Any, doc: str) -> Any:
@@ -79,6 +86,13 @@ class TrainRequest:
         "spot, on-demand or waiting and the zone at every tick of the replayed spot trace, and "
         "the trainer runs as a child process on the node it holds (trainwise/supervised_run.py, "
         "the engine the end-to-end and fidelity benchmarks measure); one node, static data.")
+    schedule_override_reason: str = _doc(
+        "", "Why this run departs from the published schedule (a fast_policy or allocation_policy "
+        "other than the schedule's); recorded with the run. Empty: a departure is refused.")
+    schedule_version: str = _doc("", "Version of the published schedule the run starts on.")
+    fast_levers: tuple[str, ...] = _doc((), "Fast levers that may act; empty = every registered "
+                                        "lever.")
+    checkpoint_interval_rule: str = _doc("trainwise", "Rule of the checkpoint-interval chooser.")
 
 
 FAST_POLICIES: tuple[str, ...] = typing.get_args(FastPolicyName)
@@ -90,9 +104,19 @@ def config_fields() -> dict[str, tuple[Any, Any]]:
     import pydantic
 
     hints = typing.get_type_hints(TrainRequest)
-    return {f.name: (hints[f.name], pydantic.Field(default=f.default,
-                                                   description=f.metadata["doc"]))
-            for f in dataclasses.fields(TrainRequest) if f.name not in JOB_FIELDS}
+    fields: dict[str, tuple[Any, Any]] = {}
+    for f in dataclasses.fields(TrainRequest):
+        if f.name in JOB_FIELDS or f.name in SCHEDULE_FIELDS:
+            continue
+        if f.name in SCHEDULED_IN_LAUNCHPAD:
+            choice = Literal[(FROM_SCHEDULE, *typing.get_args(hints[f.name]))]  # type: ignore
+            fields[f.name] = (choice, pydantic.Field(
+                default=FROM_SCHEDULE, description=f"{f.metadata['doc']} {FROM_SCHEDULE!r}: the "
+                "published schedule's (trainwise.schedule)."))
+        else:
+            fields[f.name] = (hints[f.name], pydantic.Field(default=f.default,
+                                                            description=f.metadata["doc"]))
+    return fields
 
 
 def shared_with_trainer() -> set[str]:

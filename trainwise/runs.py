@@ -623,7 +623,8 @@ def run_training(
             gang.read_allocation(run_dir) or gang.Allocation(
                 market=request.market, zone=request.zone, nodes=request.nodes,
                 reason="the train request", source="request"),
-            request.instance_type, run_dir, request.run_id, region=request.region)
+            request.instance_type, run_dir, request.run_id, region=request.region,
+            schedule_version=request.schedule_version)
         # More than one node: one torchrun rank per node (trainwise.torchrun_gang); what the
         # ranks cannot run yet is refused here, before any node is launched.
         ranks = session.allocation.nodes > 1
@@ -666,7 +667,10 @@ def run_training(
                     "policy/fast_reason": policy_reason[:500],
                     **guard_reference.mlflow_params(reference)},
             tags={"dagster_run_id": request.run_id, "trainwise/training_run_id": request.run_id,
-                  "partition": request.partition},
+                  "partition": request.partition,
+                  # The published schedule it started on (runs compared by version, issue 28).
+                  "trainwise/schedule_version": request.schedule_version or "none",
+                  "trainwise/schedule_override_reason": request.schedule_override_reason[:250]},
             telemetry_dir=run_dir / "telemetry" / request.run_id,
             consumption_path=run_dir / "telemetry" / request.run_id / "consumption.jsonl",
             control_path=control_path(state_dir, request.run_id) if pruning else None,

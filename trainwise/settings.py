@@ -62,12 +62,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TRAINWISE_EC2_ENDPOINT_URL", "", "EC2 endpoint override (moto_server in tests); empty = AWS"),
     Setting("TRAINWISE_ALLOCATION_POLICY", "trainwise_heuristic", "node allocation policy of the "
             "schedule until an approved schedule_change replaces it"),
+    Setting("TRAINWISE_APPROVERS", "", "comma-separated identities allowed to approve schedule "
+            "changes (the Dagster run's user tag, else the typed name); empty = anyone"),
+    Setting("TRAINWISE_REQUIRE_VERIFIED_APPROVER", "0", "1 = refuse an approval whose run has no "
+            "Dagster user tag (set by Dagster+ or the authenticating proxy deployment)"),
     Setting("TRAINWISE_MIN_FORECAST_SAVINGS_USD", "0", "schedule gate: least forecast P50 "
             "savings (USD per run) a schedule change must show"),
     Setting("TRAINWISE_MAX_EVAL_LOSS_REGRESSION", "0.05", "schedule gate: largest rise of the "
             "eval loss (recent runs, new vs current pruning rate) a change may show"),
-    Setting("TRAINWISE_BUDGET_USD", "50", "budget of the next run; cost_forecast warns when its "
-            "P90 spend exceeds it"),
+    Setting("TRAINWISE_BUDGET_USD", "50", "budget of the schedule (until an approved "
+            "schedule_change sets budget_usd); cost_forecast warns when the P90 spend exceeds it"),
     Setting("TRAINWISE_FORECAST_WORK_GPU_H", "24", "work of the next run in GPU-hours (before "
             "pruning), for cost_forecast"),
     Setting("TRAINWISE_FORECAST_DEADLINE_H", "36", "deadline of the next run in hours, for "

@@ -59,6 +59,8 @@ class SlowTick:
     current_pruning_rate: float | None = None
     # P(reclaim within the horizon) from the run's observed hazard; handed to the trainer.
     preemption_risk: float | None = None
+    # The published schedule the tick decided under (trainwise.schedule).
+    schedule_version: str = ""
 
 
 def latest_run(state_dir: Path, partition: str) -> tuple[str, dict[str, Any]] | None:
@@ -134,14 +136,21 @@ def observe(events: list[dict[str, Any]], request: dict[str, Any],
     )
 
 
-def slow_policy_for(region: str) -> tuple[HeuristicSlowPolicy, str]:
-    """The tick's slow policy with the region's allocation policy in charge (the promoted slow
-    champion, else the allocation heuristic) and why (`trainwise.champion`)."""
+def slow_policy_for(region: str, allocation_policy: str = "trainwise_heuristic"
+                    ) -> tuple[HeuristicSlowPolicy, str]:
+    """The tick's slow policy with the published schedule's allocation policy in charge and
+    why. The schedule's `trainwise_heuristic` means the region's incumbent: its promoted slow
+    champion (`trainwise.champion`, promoted through its own gate), else the heuristic; any
+    other named policy is taken as it is (a champion does not override a choice people made)."""
+    from cloud.policy_registry import make_policy
     from controllers.allocation_adapter import SlowAllocationAdapter
-    from controllers.allocation_heuristic import TrainwiseAllocationPolicy
     from trainwise import champion
 
-    allocation, why = champion.slow_policy_in_charge(region, TrainwiseAllocationPolicy())
+    incumbent = make_policy(allocation_policy)
+    if allocation_policy == "trainwise_heuristic":
+        allocation, why = champion.slow_policy_in_charge(region, incumbent)
+    else:
+        allocation, why = incumbent, f"{allocation_policy} (the published schedule's)"
     return HeuristicSlowPolicy(allocation_policy=SlowAllocationAdapter(allocation)), why
 
 
@@ -173,16 +182,25 @@ def decide(state_dir: Path, partition: str,
     view = market_view(events, request, gang_record)
     observation = observe(events, request, data_summary(np.asarray(table.loss)), gang_record,
                           market=view.observation)
+    from trainwise import schedule as schedule_lib
+
+    published = schedule_lib.published(state_dir)
     in_charge = ""
     if policy is None:
-        policy, in_charge = slow_policy_for(str(request.get("region") or "us-west-2"))
+        policy, in_charge = slow_policy_for(str(request.get("region") or "us-west-2"),
+                                            published.schedule["allocation_policy"])
     action = policy.act(observation)
     if in_charge:
         kept = f" (no market view this tick: nodes kept; {view.reason})" if (
             observation.market is None) else f" (market view: {view.reason})"
         action = replace(action, reason=f"{action.reason}; allocation policy: {in_charge}{kept}")
+    # The schedule bounds how far the slow layer may steer a live run's data (issue 28).
+    rate, clipped = schedule_lib.clip_rate(action.pruning_rate, published.schedule)
+    action = replace(action, pruning_rate=rate, reason=(
+        f"{action.reason}; schedule {published.version}" + (f": {clipped}" if clipped else "")))
     return SlowTick(partition, run_id, action, current_pruning_rate=current.pruning_rate,
-                    preemption_risk=observation.cluster.preemption_risk)
+                    preemption_risk=observation.cluster.preemption_risk,
+                    schedule_version=published.version)
 
 
 def run_decision(state_dir: Path, tick: SlowTick) -> dict[str, Any] | None:
@@ -208,12 +226,30 @@ def run_decision(state_dir: Path, tick: SlowTick) -> dict[str, Any] | None:
     wanted = gang.allocation_from_action(action.allocation, current)
     if wanted is not None and current is not None and wanted.same_nodes(current):
         wanted = None
-    if interval is None and tick.preemption_risk is None and wanted is None:
+    switch = schedule_switch(run_dir, state_dir)
+    if interval is None and tick.preemption_risk is None and wanted is None and switch is None:
         return None
     return {"run_id": tick.run_id, "partition": tick.partition,
             "reason": f"slow policy: {action.reason}"[:500],
             "checkpoint_interval_s": interval, "preemption_risk": tick.preemption_risk,
-            "allocation": asdict(wanted) if wanted is not None else None}
+            "allocation": asdict(wanted) if wanted is not None else None,
+            "schedule_version": tick.schedule_version, "schedule": switch}
+
+
+def schedule_switch(run_dir: Path, state_dir: Path) -> dict[str, Any] | None:
+    """The published schedule's run fields for a live run that is on another version, or None.
+    A run started off the schedule (no version, or an override with a recorded reason) is
+    left as it was started."""
+    from trainwise import schedule as schedule_lib
+
+    on = schedule_lib.run_schedule_version(run_dir)
+    if not on or on.endswith("+override"):
+        return None
+    published = schedule_lib.published(state_dir)
+    if on == published.version:
+        return None
+    return {"version": published.version,
+            **{name: published.schedule[name] for name in schedule_lib.RUN_FIELDS}}
 
 
 def apply_run_decision(state_dir: Path, decision: dict[str, Any],
@@ -226,6 +262,7 @@ def apply_run_decision(state_dir: Path, decision: dict[str, Any],
     `slow_decisions.jsonl` with `applied_by` (the Dagster run that applied it) and returned."""
     from training.live_control import LIVE_CONTROL_FILE, write_live_control
     from trainwise import gang
+    from trainwise import schedule as schedule_lib
 
     run_id = str(decision["run_id"])
     rank_dir(Path("."), run_id, 0)  # one safe path part: it names a run folder
@@ -236,10 +273,17 @@ def apply_run_decision(state_dir: Path, decision: dict[str, Any],
     record: dict[str, Any] = {"event": "slow_decisions", "run_id": run_id, "at_s": time.time(),
                               "reason": decision["reason"], "applied_by": applied_by}
     interval, risk = decision.get("checkpoint_interval_s"), decision.get("preemption_risk")
-    if interval is not None or risk is not None:
+    switch = decision.get("schedule")
+    if interval is not None or risk is not None or switch:
+        # A later write keeps the last switch in the file: a trainer that had not polled the
+        # file in between still switches (it applies a version it is already on as nothing).
         write_live_control(run_dir / LIVE_CONTROL_FILE, checkpoint_interval_s=interval,
-                           preemption_risk=risk, reason=decision["reason"], source="slow_policy")
+                           preemption_risk=risk, reason=decision["reason"], source="slow_policy",
+                           schedule=switch or schedule_lib.last_handed_schedule(run_dir))
         record.update(checkpoint_interval_s=interval, preemption_risk=risk)
+    if switch:
+        record["schedule"] = switch
+    record["schedule_version"] = decision.get("schedule_version", "")
     if decision.get("allocation"):
         wanted = gang.Allocation(**decision["allocation"])
         gang.write_allocation(run_dir, wanted)
