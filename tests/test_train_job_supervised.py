@@ -107,3 +107,18 @@ def test_what_the_engine_cannot_run_is_refused_before_anything_is_launched(state
 def test_an_unknown_allocation_policy_is_refused_by_name(state):
     with pytest.raises(ValueError, match=r"allocation_policy='nope'.*trainwise_heuristic"):
         runs.validate_request(request(allocation_policy="nope"))
+
+
+def test_the_demo_states_the_saving_against_the_fixed_schedule_from_the_bill(supervised):
+    """The one line a user repeats (issue 28, item 2): the bill, the fixed on-demand schedule's
+    cost for the same steps, and the saving between them; the trainer's estimate is labelled."""
+    _, summary = supervised
+    bill, fixed = summary.provider_cost_usd, summary.fixed_on_demand_usd
+    assert bill > 0 and fixed > 0
+    line = summary.saving_line()
+    assert f"trainwise {bill:.4f} USD" in line and f"{fixed:.4f} USD" in line
+    saving = (fixed - bill) / fixed
+    assert f"{abs(saving):.1%}" in line
+    assert ("a saving" in line) == (saving >= 0)
+    report = summary.report(1.0, "dagster-run")
+    assert line in report and "compute estimate, not the bill" in report

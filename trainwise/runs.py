@@ -111,8 +111,20 @@ class RunSummary:
 
     def one_line(self) -> str:
         return (f"{self.partition}: {self.steps} steps, {self.tokens_seen:,} tokens, eval loss "
-                f"{self.final_eval_loss:.4f}, cost {self.cost_usd:.4f} USD on "
-                f"{self.instance_type}")
+                f"{self.final_eval_loss:.4f}, bill {self.provider_cost_usd:.4f} USD at "
+                f"{self.provider or 'the provider'}")
+
+    def saving_line(self) -> str:
+        """The one line a user can repeat: the bill against the fixed on-demand schedule for
+        the same steps (issue 28, item 2); says so when the fixed figure is not known."""
+        fixed, bill = self.fixed_on_demand_usd, self.provider_cost_usd
+        if fixed is None or not math.isfinite(fixed) or fixed <= 0:
+            return (f"trainwise {bill:.4f} USD; the fixed on-demand schedule's cost for the same "
+                    "steps is not known for this run")
+        saving = (fixed - bill) / fixed
+        word = "a saving" if saving >= 0 else "an overspend"
+        return (f"trainwise {bill:.4f} USD against the fixed on-demand schedule's {fixed:.4f} "
+                f"USD for the same {self.steps} steps, {word} of {abs(saving):.1%}")
 
     def report(self, wall_s: float, dagster_run_id: str) -> str:
         accuracy = ("" if self.final_eval_accuracy is None or math.isnan(self.final_eval_accuracy)
@@ -123,8 +135,10 @@ class RunSummary:
             f"  steps           {self.steps}\n"
             f"  tokens seen     {self.tokens_seen:,}  (samples {self.samples_seen:,})\n"
             f"  eval loss       {self.final_eval_loss:.4f}{accuracy}\n"
-            f"  cost            {self.cost_usd:.4f} USD  ({self.train_wall_s:.0f} s of "
-            f"{self.instance_type} at {self.price_usd_per_hour:.3f} USD/h)\n"
+            f"  saving          {self.saving_line()}\n"
+            f"  trainer's own   {self.cost_usd:.4f} USD compute estimate, not the bill "
+            f"({self.train_wall_s:.0f} s of trainer wall time x {self.instance_type} at "
+            f"{self.price_usd_per_hour:.3f} USD/h)\n"
             f"  cloud           {self.provider} (on the provider's clock; the emulated one "
             f"replays the trace faster than real time): now {self.nodes} x {self.market} in "
             f"{self.zone}, bill {self.provider_cost_usd:.4f} USD, spot share {self.spot_share:.0%}, "
