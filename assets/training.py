@@ -126,4 +126,9 @@ def checkpoint(
     context.log.info(summary.one_line())
     metadata = summary.metadata()
     metadata["mlflow_where"] = mlflow_link(mlflow.uri(), summary.mlflow_where)
+    metadata["saving"] = summary.saving_line()
+    # Where every dollar went (trainwise explain RUN --summary), as the UI's metadata.
+    table = state_dir / "runs" / run_id / runs.COST_SUMMARY_NAME
+    if table.is_file():
+        metadata["where_the_money_went"] = dg.MetadataValue.md(table.read_text("utf-8"))
     return dg.MaterializeResult(metadata=metadata)

@@ -95,6 +95,16 @@ def test_decisions_checkpoints_and_mlflow_are_recorded_as_for_any_run(supervised
     assert logged.data.metrics["final/provider_cost_usd"] == pytest.approx(
         summary.provider_cost_usd)
     assert logged.info.status == "FINISHED"
+    # Where every dollar went, as an MLflow artifact: the table whose money rows are the bill.
+    client = MlflowClient(tracking_uri=f"sqlite:///{state / 'mlflow.db'}")
+    assert runs.COST_SUMMARY_NAME in {a.path for a in client.list_artifacts(
+        summary.mlflow_run_id)}
+    from trainwise import cost_summary
+
+    table = cost_summary.summarize(state / "runs" / "run-a")
+    assert table.bill_usd == pytest.approx(summary.provider_cost_usd, abs=0.01)
+    written = (state / "runs" / "run-a" / runs.COST_SUMMARY_NAME).read_text()
+    assert written.splitlines()[0] == table.markdown().splitlines()[0]  # same bill, same run
 
 
 def test_what_the_engine_cannot_run_is_refused_before_anything_is_launched(state):

@@ -103,6 +103,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_explain(args: argparse.Namespace) -> int:
     from trainwise import explain
 
+    if args.summary:  # where every dollar went: read from the run folder alone
+        from trainwise import cost_summary
+
+        run_dir = explain.find_run_dir(args.run, settings.home_dir() / "runs")
+        print(cost_summary.summarize(run_dir).text())
+        return 0
     print(explain.timeline(args.run, runs_root=settings.home_dir() / "runs"))
     return 0
 
@@ -139,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     explain = sub.add_parser("explain", help="print the decision timeline of a run")
     explain.add_argument("run", help="run id (the Dagster run id of the training run)")
+    explain.add_argument("--summary", action="store_true",
+                         help="one screen of where every dollar of the run's bill went "
+                         "(market, boots, notices, saves, waste, saving against on-demand)")
     explain.set_defaults(func=_cmd_explain)
 
     ingest = sub.add_parser("ingest", help="ingest a run's telemetry into DuckDB again (after "

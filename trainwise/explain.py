@@ -282,6 +282,33 @@ def _consumption(telemetry: Path) -> list[dict[str, Any]]:
         return []
 
 
+def consumption_records(telemetry: Path) -> list[dict[str, Any]]:
+    """The pruning sampler's consumption record of a run's telemetry folder ([] when it has none
+    or it cannot be read): what `lever_effects` takes, for `trainwise.cost_summary` too."""
+    return _consumption(Path(telemetry))
+
+
+def find_run_dir(run: str, runs_root: Path) -> Path:
+    """The folder of a run id (or a unique prefix of one) under the state's runs folder; an
+    unknown run raises FileNotFoundError naming it, the runs known and the fix."""
+    fix = ("give a run id from the list (or a unique prefix of one), or point TRAINWISE_HOME at "
+           "the state folder that holds the run")
+    if not runs_root.is_dir():
+        raise FileNotFoundError(f"no run {run!r}: there are no runs under {runs_root} yet (run "
+                                "`make demo` first, or point TRAINWISE_HOME at the state folder "
+                                "that holds the run)")
+    folders = sorted(p for p in runs_root.iterdir() if p.is_dir())
+    matches = [p for p in folders if p.name == run] or [
+        p for p in folders if p.name.startswith(run)]
+    if not matches:
+        known = ", ".join(p.name for p in folders[:20]) or "none"
+        raise FileNotFoundError(f"no run {run!r} under {runs_root} (known runs: {known}); {fix}")
+    if len(matches) > 1:
+        raise ValueError(f"run prefix {run!r} is ambiguous: {[m.name for m in matches]}; give "
+                         "more of the run id")
+    return matches[0]
+
+
 def timeline(run: str, runs_root: Path) -> str:
     telemetry = find_run_telemetry(run, runs_root)
     records = read_run_events(telemetry)

@@ -153,6 +153,23 @@ class RunSummary:
         )
 
 
+COST_SUMMARY_NAME = "cost_summary.md"
+
+
+def write_cost_summary(run_dir: Path) -> tuple[Path | None, str]:
+    """`trainwise explain RUN --summary`'s table into the run folder (an MLflow artifact), and a
+    note when it could not be made (the run's figures stay in its folder either way)."""
+    from trainwise import cost_summary
+
+    try:
+        table = cost_summary.summarize(run_dir).markdown()
+    except Exception as error:  # noqa: BLE001 - a summary is never worth the trained model
+        return None, f"cost summary not made ({type(error).__name__}: {error})"
+    path = run_dir / COST_SUMMARY_NAME
+    write_atomic(path, table.encode("utf-8"))
+    return path, ""
+
+
 def price_usd_per_hour(instance_type: str, region: str) -> float:
     """On-demand list price of the instance type the emulated node stands for."""
     from cloud import prices
@@ -785,6 +802,9 @@ def run_training(
             pending.append(ingest_pending)
 
         plot = plot_cost_vs_loss(events, run_dir / "eval_loss_vs_cost.png")
+        cost_table, cost_note = write_cost_summary(run_dir)
+        if cost_note:
+            pending.append(cost_note)
         final = {
             "final/eval_loss": result.final_eval_loss,
             "final/eval_accuracy": result.final_eval_accuracy,
@@ -807,7 +827,7 @@ def run_training(
         try:
             mlflow_run_id = live.finish(
                 result.status, end_time_s=train_end_s, final_metrics=final,
-                artifacts=[p for p in (plot, request_path) if p is not None],
+                artifacts=[p for p in (plot, request_path, cost_table) if p is not None],
                 decisions_path=run_dir / mlflow_live.DECISIONS_NAME,
                 model=mlflow_live.ModelToRegister(mlflow_live.model_name(request.partition),
                                                   checkpoint_path, checkpoint_tags))
