@@ -82,20 +82,13 @@ def checkpoint(
         context.log.info(f"resuming training run {run_id} from its last good checkpoint")
     # The run config's fields are the request's (a test keeps the two in step); the fields the
     # published schedule sets come from it (trainwise.schedule), a departure only with a reason.
-    given = config.model_dump()
-    asked = {name: given.pop(name) for name in run_request.SCHEDULED_IN_LAUNCHPAD}
-    asked = {k: v for k, v in asked.items() if v != run_request.FROM_SCHEDULE}
-    if config.allocation_policy:
-        asked["allocation_policy"] = config.allocation_policy
     published = schedule_lib.published(state_dir)
     try:
-        request = schedule_lib.apply_to_request(runs.TrainRequest(**{
-            **given,
-            "instance_type": config.instance_type or settings.get("TRAINWISE_INSTANCE_TYPE"),
-            "partition": context.partition_key,
-            "run_id": run_id,
-            "region": settings.get("TRAINWISE_REGION"),
-        }), published, asked=asked, override_reason=config.schedule_override_reason)
+        request = schedule_lib.request_from_launchpad(
+            config.model_dump(), published,
+            instance_type=config.instance_type or settings.get("TRAINWISE_INSTANCE_TYPE"),
+            partition=context.partition_key, run_id=run_id,
+            region=settings.get("TRAINWISE_REGION"))
     except schedule_lib.ScheduleError as error:
         raise dg.Failure(description=str(error)) from error
     context.log.info(f"on the published schedule {published.label()}: fast policy "

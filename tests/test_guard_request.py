@@ -144,9 +144,14 @@ def test_the_dagster_config_carries_the_guard_fields_off_by_default():
 
     assert TrainRunConfig().lever_guard is False
     assert TrainRunConfig().lever_guard_reference_run == ""
+    from trainwise import schedule as schedule_lib
+    from trainwise import settings
+
     dumped = TrainRunConfig(lever_guard=True, lever_guard_reference_run="fixed").model_dump()
-    req = runs.TrainRequest(**{**dumped, "instance_type": "p3.2xlarge", "partition": "pystdlib",
-                               "run_id": "r", "region": "us-west-2"})
+    # As the train job builds it: the launchpad on the published schedule (issue 28).
+    req = schedule_lib.request_from_launchpad(
+        dumped, schedule_lib.published(settings.home_dir()), instance_type="p3.2xlarge",
+        partition="pystdlib", run_id="r", region="us-west-2")
     assert (req.lever_guard, req.lever_guard_reference_run) == (True, "fixed")
     runs.validate_request(req)
 

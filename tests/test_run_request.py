@@ -10,7 +10,7 @@ import pytest
 
 from assets.training import TrainRunConfig
 from training.loop import TrainConfig
-from trainwise import run_request
+from trainwise import run_request, schedule, settings
 from trainwise.run_request import TrainRequest, trainer_config
 
 # Fields that steer the driver, not the trainer (each is read by name in trainwise/runs.py or
@@ -70,7 +70,9 @@ def test_what_the_driver_derives_wins_over_the_request():
 def test_a_launchpad_value_reaches_the_trainer():
     launchpad = TrainRunConfig(checkpoint_every_steps=7, checkpoint_autotune=True,
                                eval_batch_size=16)
-    request = TrainRequest(**launchpad.model_dump(), partition="pystdlib", run_id="r")
+    request = schedule.request_from_launchpad(
+        launchpad.model_dump(), schedule.published(settings.home_dir()), partition="pystdlib",
+        run_id="r")
     config = trainer_config(request)
     assert (config.checkpoint_every_steps, config.checkpoint_autotune,
             config.eval_batch_size) == (7, True, 16)

@@ -23,6 +23,7 @@ import pytest
 from pipelines.definitions import defs
 from sensors.slow_policy import slow_policy_sensor
 from telemetry.reader import read_run_events
+from tests.test_approvals import _small_forecast  # noqa: F401 - autouse: a small forecast
 from tests.test_run_path_faults import PARTITION, built_state, request, run  # noqa: F401
 from training import scoring, shards
 from training.loop import request_stop
@@ -30,16 +31,6 @@ from trainwise import approvals, explain, settings
 from trainwise import schedule as schedule_lib
 
 RUN_ID = "run-a"
-
-
-@pytest.fixture(autouse=True)
-def _small_forecast(monkeypatch, tmp_path):
-    # The embedded market and a short job keep each proposal's Monte Carlo under a second.
-    monkeypatch.setenv("TRAINWISE_DATA_DIR", str(tmp_path / "no-shared-data"))
-    monkeypatch.setenv("TRAINWISE_FORECAST_WORK_GPU_H", "2")
-    monkeypatch.setenv("TRAINWISE_FORECAST_DEADLINE_H", "4")
-    monkeypatch.setenv("TRAINWISE_FORECAST_SAMPLES", "4")
-    monkeypatch.setenv("TRAINWISE_MIN_FORECAST_SAVINGS_USD", "-1000")
 
 
 @pytest.fixture

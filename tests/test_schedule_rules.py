@@ -1,15 +1,19 @@
+# ruff: noqa: F811  (the imported pytest fixtures are used as test arguments)
 """The rules of a schedule (issue 28, item 1), without Dagster: what a schedule may say, how a run
 request is put on it, who may approve, where a rollback may go, and what the trainer does with
 a schedule at start and at a switch."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from controllers.checkpoint_interval import active_rule, set_rule
 from controllers.fast_heuristic import HeuristicFastPolicy
+from controllers.fast_types import NoOpFastPolicy
+from tests.test_run_path_faults import built_state, request, run, state  # noqa: F401
 from training._loop_config import TrainConfig
 from training._loop_schedule import ScheduleInForce, switch
 from trainwise import approvals, settings
@@ -136,9 +140,10 @@ def test_the_trainer_restricts_levers_at_start_and_switches_what_it_can(rule_res
     policy = HeuristicFastPolicy()
     config = TrainConfig(schedule_version="v1", fast_levers=("preemption",),
                          checkpoint_interval_rule="fixed")
+    set_rule("fixed")  # what training.loop.train puts in force for the call
     now = ScheduleInForce.at_start(config, policy)
     assert [lever.name for lever in policy.levers] == ["preemption"]
-    assert (now.version, now.fast_policy, active_rule()) == ("v1", "heuristic", "fixed")
+    assert (now.version, now.fast_policy, now.rule) == ("v1", "heuristic", "fixed")
     policy2, after, action, reason = switch(now, policy, {
         "version": "v2", "fast_policy": "heuristic", "fast_levers": ["batch_scaling",
                                                                      "preemption"],
@@ -155,3 +160,42 @@ def test_the_trainer_restricts_levers_at_start_and_switches_what_it_can(rule_res
         "checkpoint_interval_rule": "trainwise"})
     assert policy3 is policy2 and later.fast_policy == "heuristic"
     assert "fast_policy" in action["deferred"] and "next start" in reason
+
+
+class _RuleSeen(NoOpFastPolicy):
+    """Keeps everything; notes the interval rule in force at each fast tick."""
+
+    def __init__(self) -> None:
+        self.rules: set[str] = set()
+
+    def act(self, observation):
+        self.rules.add(active_rule())
+        return super().act(observation)
+
+
+def test_a_run_trains_under_its_schedules_rule_and_the_process_gets_its_own_back(state):
+    before = active_rule()
+    assert before != "fixed"
+    seen = _RuleSeen()
+    run(state, dataclasses.replace(request(max_steps=6), checkpoint_interval_rule="fixed"),
+        fast_policy=seen)
+    assert seen.rules == {"fixed"}, "the trainer chose intervals under another rule"
+    assert active_rule() == before, "the run's rule leaked into the process after it"
+
+
+def test_the_launchpad_takes_the_schedule_unless_it_departs_with_a_reason():
+    published = schedule_lib.Published(
+        schedule_lib.validate({**schedule_lib.default_schedule(), "fast_policy": "noop"}),
+        "v1", "test")
+    jobs = {"partition": "pystdlib", "run_id": "r"}
+    on = schedule_lib.request_from_launchpad({"fast_policy": "schedule"}, published, **jobs)
+    assert (on.fast_policy, on.schedule_version) == ("noop", "v1")
+    with pytest.raises(schedule_lib.ScheduleError, match="fast_policy='heuristic'"):
+        schedule_lib.request_from_launchpad({"fast_policy": "heuristic"}, published, **jobs)
+    with pytest.raises(schedule_lib.ScheduleError, match="allocation_policy='on_demand'"):
+        schedule_lib.request_from_launchpad(
+            {"fast_policy": "schedule", "allocation_policy": "on_demand"}, published, **jobs)
+    kept = schedule_lib.request_from_launchpad(
+        {"fast_policy": "heuristic", "schedule_override_reason": "guard reference"}, published,
+        **jobs)
+    assert (kept.fast_policy, kept.schedule_version) == ("heuristic", "v1+override")

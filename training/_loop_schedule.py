@@ -46,15 +46,14 @@ class ScheduleInForce:
 
     @classmethod
     def at_start(cls, config: Any, policy: Any) -> ScheduleInForce:
-        """Restricts the policy's levers and sets the interval rule of this process."""
-        if config.checkpoint_interval_rule != active_rule():
-            set_rule(config.checkpoint_interval_rule)
+        """Restricts the policy's levers; the interval rule is the one `training.loop.train`
+        put in force for the call (`using_rule`, so the process's rule is back afterwards)."""
         levers = tuple(config.fast_levers)
         owner = lever_owner(policy)
         if levers and owner is not None:
             levers = tuple(owner.set_levers(levers))
         return cls(version=config.schedule_version, fast_policy=_schedule_name(policy),
-                   fast_levers=levers, rule=config.checkpoint_interval_rule)
+                   fast_levers=levers, rule=active_rule())
 
 
 def _schedule_name(policy: Any) -> str:

@@ -51,6 +51,7 @@ from typing import Any
 
 import torch
 
+from controllers.checkpoint_interval import using_rule
 from controllers.fast_types import FastPolicy, NoOpFastPolicy
 from telemetry.events import RunStartEvent
 from telemetry.reader import latest_recorded
@@ -310,7 +311,9 @@ def train(
         )
     lock = (RunFolderLock(out_dir) if ctx is None
             else distributed.gang_lock(out_dir, ctx, lambda: RunFolderLock(out_dir)))
-    with lock:
+    # The schedule's checkpoint-interval rule for this call only (a live switch may change it
+    # within; the process's rule is back when the call ends, whatever happened).
+    with lock, using_rule(config.checkpoint_interval_rule):
         # Under the lock no other writer is alive: every temp file is an orphan of a killed one.
         if (out_dir / "checkpoints").is_dir() and (ctx is None or ctx.rank == 0):
             clean_orphaned_temp_files(out_dir / "checkpoints")

@@ -20,18 +20,10 @@ from telemetry.reader import read_run_events
 
 def find_run_telemetry(run: str, runs_root: Path) -> Path:
     """The telemetry folder of a run id (or a unique prefix of one) under the state folder."""
-    if not runs_root.is_dir():
-        raise FileNotFoundError(
-            f"no run {run!r}: there are no runs under {runs_root} yet (run `make demo` first)")
-    matches = sorted(p for p in runs_root.iterdir() if p.is_dir() and p.name.startswith(run))
-    if not matches:
-        known = ", ".join(sorted(p.name[:8] for p in runs_root.iterdir())) or "none"
-        raise FileNotFoundError(f"no run {run!r} under {runs_root}; known runs: {known}")
-    if len(matches) > 1:
-        raise ValueError(f"run prefix {run!r} is ambiguous: {[m.name for m in matches]}")
-    telemetry = matches[0] / "telemetry" / matches[0].name
+    folder = find_run_dir(run, runs_root)
+    telemetry = folder / "telemetry" / folder.name
     if not telemetry.is_dir():
-        raise FileNotFoundError(f"run {matches[0].name} has no telemetry at {telemetry}")
+        raise FileNotFoundError(f"run {folder.name} has no telemetry at {telemetry}")
     return telemetry
 
 
@@ -46,8 +38,10 @@ def _as_decisions(records: list[dict[str, Any]]) -> list[Decision]:
             # The action dict repeats the reason and numbers: show each once.
             action = {k: v for k, v in record["action"].items()
                       if k not in ("reason", "numbers")}
+            version = record.get("schedule_version")
+            policy = f"{record['policy']} [schedule {version}]" if version else record["policy"]
             rows.append(Decision(time_s=t, step=record["step"], layer=record["layer"],
-                                 policy=record["policy"], action=action,
+                                 policy=policy, action=action,
                                  reason=record["reason"], numbers=record.get("numbers") or {}))
         elif kind == "checkpoint":
             rows.append(Decision(time_s=t, step=record["step"], layer="fast", policy="trainer",
@@ -271,21 +265,18 @@ def lever_report(effects: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _consumption(telemetry: Path) -> list[dict[str, Any]]:
+def consumption_records(telemetry: Path) -> list[dict[str, Any]]:
+    """The pruning sampler's consumption record of a run's telemetry folder ([] when it has none
+    or it cannot be read): what `lever_effects` takes, for `trainwise.cost_summary` too."""
     from training.consumption import CONSUMPTION_NAME, read_consumption
 
+    telemetry = Path(telemetry)
     if not (telemetry / CONSUMPTION_NAME).is_file():
         return []
     try:
         return read_consumption(telemetry)
     except (OSError, ValueError):  # the timeline must still print
         return []
-
-
-def consumption_records(telemetry: Path) -> list[dict[str, Any]]:
-    """The pruning sampler's consumption record of a run's telemetry folder ([] when it has none
-    or it cannot be read): what `lever_effects` takes, for `trainwise.cost_summary` too."""
-    return _consumption(Path(telemetry))
 
 
 def find_run_dir(run: str, runs_root: Path) -> Path:
@@ -315,7 +306,7 @@ def timeline(run: str, runs_root: Path) -> str:
     decisions = _as_decisions(records)
     header = f"run {run}: {len(records)} telemetry events, {len(decisions)} decisions\n"
     text = header + format_timeline(decisions)
-    text += "\n\n" + lever_report(lever_effects(records, _consumption(telemetry)))
+    text += "\n\n" + lever_report(lever_effects(records, consumption_records(telemetry)))
     table = rank_table(records)
     if table:
         moved = rebalances(records)

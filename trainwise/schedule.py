@@ -191,6 +191,24 @@ def apply_to_request(request: Any, published_schedule: Published, *,
     return dataclasses.replace(request, **fields, schedule_version=version)
 
 
+def request_from_launchpad(launchpad: dict[str, Any], published_schedule: Published,
+                           **job_fields: Any) -> Any:
+    """The run request of a `train` launchpad config (`TrainRunConfig.model_dump()`) and the
+    fields the job fills in, on the published schedule: a launchpad choice left at
+    `FROM_SCHEDULE` takes the schedule's value, an explicit one that differs (or a named
+    allocation policy other than the schedule's) is a departure (`apply_to_request`)."""
+    from trainwise.run_request import FROM_SCHEDULE, SCHEDULED_IN_LAUNCHPAD, TrainRequest
+
+    given = dict(launchpad)
+    asked = {name: given.pop(name) for name in SCHEDULED_IN_LAUNCHPAD}
+    asked = {name: value for name, value in asked.items() if value != FROM_SCHEDULE}
+    if given.get("allocation_policy"):
+        asked["allocation_policy"] = given["allocation_policy"]
+    return apply_to_request(TrainRequest(**{**given, **job_fields}), published_schedule,
+                            asked=asked, override_reason=given.get("schedule_override_reason",
+                                                                   ""))
+
+
 def clip_rate(rate: float, schedule: dict[str, Any]) -> tuple[float, str]:
     """A live pruning rate within the schedule's bounds, and a note when it was clipped."""
     low, high = float(schedule["pruning_rate_min"]), float(schedule["pruning_rate_max"])
