@@ -177,6 +177,25 @@ class RunEndEvent(Event):
     error: str | None = None  # repr of the exception when status is "failed"
 
 
+@dataclass(frozen=True, kw_only=True)
+class BillEvent(Event):
+    """The provider's bill for the run so far, written by whoever holds the nodes (rank 1000).
+
+    This is the cost trainwise shows (MLflow `cost/usd`, Prometheus `trainwise_cost_usd`, the
+    eval-loss-vs-cost plot): node-seconds at the price paid, boot, changeover, notice and idle
+    time included. A step's `cost_usd` is the trainer's own compute estimate (its wall time x the
+    list price), not the bill. `step` is the trainer's last step the writer knew of."""
+
+    TYPE: ClassVar[str] = "bill"
+
+    bill_usd: float
+    provider: str
+    provider_time_s: float  # on the provider's clock (the emulated one runs faster than wall)
+    spot_share: float  # share of the billed node-seconds on spot
+    nodes_held: int
+    final: bool = False  # the run's nodes are released: this is the bill gang.json records
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.TYPE: cls
     for cls in (
@@ -187,6 +206,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         DecisionEvent,
         PreemptionEvent,
         RunEndEvent,
+        BillEvent,
     )
 }
 

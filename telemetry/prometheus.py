@@ -72,12 +72,18 @@ class _RunFigures:
     partition: str
     cursors: dict[Path, _SegmentCursor] = field(default_factory=dict)
     last_step_wall_s: float = float("-inf")
-    # Cost, tokens and samples are set by steps and by the run_end; ranks' segments are read one
-    # after another, so a step older than the run_end may arrive after it and must not win.
+    # The compute estimate, tokens and samples are set by steps and by the run_end; ranks'
+    # segments are read one after another, so a step older than the run_end may arrive after it
+    # and must not win.
     totals_wall_s: float = float("-inf")
     step: int | None = None
     train_loss: float | None = None
+    # The provider's bill so far: the newest bill record (telemetry.bill), the run's cost.
     cost_usd: float | None = None
+    bill_wall_s: float = float("-inf")
+    spot_share: float | None = None
+    # The trainer's wall time x the list price (step and run_end records): not the bill.
+    compute_estimate_usd: float | None = None
     tokens_seen: int | None = None
     samples_seen: int | None = None
     step_time_s: float | None = None
@@ -96,6 +102,10 @@ class _RunFigures:
     shares: list[float] = field(default_factory=list)  # the latest fast decision's shares
     rebalances: Counter[tuple[int, str]] = field(default_factory=Counter)  # (rank, up/down)
     last_rebalance: dict[int, tuple[int, str]] = field(default_factory=dict)  # rank: (step, why)
+    # The published schedule in force (trainwise.schedule): the run's request names the one it
+    # started on; the newest decision that names one (a live switch) wins after that.
+    schedule_version: str = ""
+    schedule_wall_s: float = float("-inf")
 
     def _apply_rank_step(self, record: dict[str, Any], wall_s: float) -> None:
         rank = _int(record.get("rank"))
@@ -147,17 +157,25 @@ class _RunFigures:
             self.train_loss = _number(record.get("train_loss"))
             if wall_s >= self.totals_wall_s:
                 self.totals_wall_s = wall_s
-                self.cost_usd = _number(record.get("cost_usd"))
+                self.compute_estimate_usd = _number(record.get("cost_usd"))
                 self.tokens_seen = _int(record.get("tokens_seen"))
                 self.samples_seen = _int(record.get("samples_seen"))
             step_time_ms = _number(record.get("step_time_ms"))
             self.step_time_s = None if step_time_ms is None else step_time_ms / 1000.0
             self.micro_batch_size = _int(record.get("micro_batch_size"))
+        elif kind == "bill":
+            if wall_s >= self.bill_wall_s and _number(record.get("bill_usd")) is not None:
+                self.bill_wall_s = wall_s
+                self.cost_usd = _number(record.get("bill_usd"))
+                self.spot_share = _number(record.get("spot_share"))
         elif kind == "eval":
             if wall_s >= self.last_eval_wall_s:
                 self.last_eval_wall_s = wall_s
                 self.eval_loss = _number(record.get("eval_loss"))
         elif kind == "decision":
+            version = record.get("schedule_version")
+            if isinstance(version, str) and version and wall_s >= self.schedule_wall_s:
+                self.schedule_wall_s, self.schedule_version = wall_s, version
             self.decisions_by_layer[str(record.get("layer", ""))] += 1
             if record.get("layer") == "fast":
                 self._apply_shares(record)
@@ -177,7 +195,8 @@ class _RunFigures:
                     cost_usd = _number(record.get("cost_usd"))
                     tokens_seen = _int(record.get("tokens_seen"))
                     samples_seen = _int(record.get("samples_seen"))
-                    self.cost_usd = self.cost_usd if cost_usd is None else cost_usd
+                    self.compute_estimate_usd = (self.compute_estimate_usd if cost_usd is None
+                                                 else cost_usd)
                     self.tokens_seen = self.tokens_seen if tokens_seen is None else tokens_seen
                     self.samples_seen = (self.samples_seen if samples_seen is None
                                          else samples_seen)
@@ -195,13 +214,17 @@ def _int(value: Any) -> int | None:
     return None if number is None else int(number)
 
 
-def _read_partition(run_folder: Path) -> str:
+def _read_request(run_folder: Path) -> tuple[str, str]:
+    """(partition, schedule version the run started on) from its request.json, "" if unknown."""
     try:
         request = json.loads((run_folder / "request.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return ""
-    partition = request.get("partition") if isinstance(request, dict) else None
-    return str(partition) if partition is not None else ""
+        return "", ""
+    if not isinstance(request, dict):
+        return "", ""
+    partition, version = request.get("partition"), request.get("schedule_version")
+    return (str(partition) if partition is not None else "",
+            version if isinstance(version, str) else "")
 
 
 def _marker_bytes(segment_path: Path) -> int | None:
@@ -248,8 +271,9 @@ class TelemetryCollector(Collector):
                 seen.add(run_dir)
                 figures = self._runs.get(run_dir)
                 if figures is None:
-                    partition = _read_partition(run_folder) if run_folder else ""
-                    figures = _RunFigures(run_id=run_dir.name, partition=partition)
+                    partition, version = _read_request(run_folder) if run_folder else ("", "")
+                    figures = _RunFigures(run_id=run_dir.name, partition=partition,
+                                          schedule_version=version)
                     self._runs[run_dir] = figures
                 self._read_new_lines(run_dir, figures)
             for gone in set(self._runs) - seen:  # a deleted run stops being exported
@@ -318,7 +342,13 @@ class TelemetryCollector(Collector):
             "step": ("trainwise_step", "Optimizer steps completed (last step event)."),
             "train_loss": ("trainwise_train_loss", "Training loss of the last step."),
             "eval_loss": ("trainwise_eval_loss", "Loss on the held-out batches, last eval."),
-            "cost_usd": ("trainwise_cost_usd", "Cost of the run so far, US dollars."),
+            "cost_usd": ("trainwise_cost_usd", "The provider's bill for the run so far (node-"
+                         "seconds at the price paid, boot, changeover, notice and idle time "
+                         "included), US dollars."),
+            "compute_estimate_usd": ("trainwise_compute_estimate_usd",
+                                     "The trainer's own compute estimate (its wall time x the "
+                                     "list price), US dollars: not the bill."),
+            "spot_share": ("trainwise_spot_share", "Share of the billed node-seconds on spot."),
             "step_time_s": ("trainwise_step_time_seconds", "Wall time of the last step."),
             "micro_batch_size": ("trainwise_micro_batch_size", "Micro batch size, last step."),
         }
@@ -362,7 +392,15 @@ class TelemetryCollector(Collector):
             preemptions.add_metric(labels, run.preemptions)
             finished.add_metric(labels, 1.0 if run.finished else 0.0)
             bad_lines.add_metric(labels, run.bad_lines)
-        yield from (decisions, checkpoints, preemptions, finished, bad_lines)
+        # The info-metric pattern: join it (`* on(run_id, partition) group_left(schedule_version)`)
+        # to colour any figure by the schedule in force, as the dashboard's bill-vs-loss panel does.
+        schedule = GaugeMetricFamily(
+            "trainwise_run_schedule_info", "1 for the published schedule version in force "
+            "(trainwise.schedule); \"none\" for a run not started on one.",
+            labels=(*_LABELS, "schedule_version"))
+        for run in runs:
+            schedule.add_metric([run.run_id, run.partition, run.schedule_version or "none"], 1.0)
+        yield from (decisions, checkpoints, preemptions, finished, bad_lines, schedule)
         yield from TelemetryCollector._rank_families(runs)
 
     @staticmethod

@@ -61,7 +61,7 @@ def test_the_money_rows_add_up_to_the_providers_bill(engine_run):
     _, run_dir, record, run_summary = engine_run
     summary = cost_summary.summarize(run_dir)
     bill = record["cost_usd"]
-    assert summary.bill_usd == pytest.approx(bill) == pytest.approx(run_summary.provider_cost_usd)
+    assert summary.bill_usd == pytest.approx(bill) == pytest.approx(run_summary.cost_usd)
     for section in (cost_summary.MARKET, cost_summary.USE):
         rows = summary.money_rows(section)
         assert all(r.usd is not None for r in rows), [r.name for r in rows if r.usd is None]
@@ -111,7 +111,7 @@ def test_the_saving_row_is_the_fixed_on_demand_schedule_less_the_bill(engine_run
     expected = record["fixed_on_demand_usd"] - record["cost_usd"]
     assert saving.usd == pytest.approx(expected, abs=1e-9)
     assert saving.usd == pytest.approx(run_summary.fixed_on_demand_usd
-                                       - run_summary.provider_cost_usd)
+                                       - run_summary.cost_usd)
     assert saving.share_of_fixed == pytest.approx(expected / record["fixed_on_demand_usd"])
 
 
@@ -137,7 +137,7 @@ def test_the_cli_prints_the_summary_and_exits_0(supervised_state, monkeypatch, c
     monkeypatch.setenv("TRAINWISE_HOME", str(state))
     assert cli.main(["explain", "run-a", "--summary"]) == 0
     out = capsys.readouterr().out
-    assert f"{run_summary.provider_cost_usd:,.2f} USD" in out
+    assert f"{run_summary.cost_usd:,.2f} USD" in out
     for text in ("by market (adds up to the bill)", "by use (adds up to the bill)",
                  "of which preemption waste", "saving", "productive training:"):
         assert text in out, text

@@ -1,6 +1,7 @@
 """The exporter scraped by a real Prometheus server (Debian's `prometheus`) on loopback.
 
-A two-rank run's telemetry is written with the project's writer and a tiny real run trains
+A two-rank run's telemetry (with the provider's bill) is written with the project's writer and a
+tiny real run trains
 through training.loop (8 steps, one torch thread); `python -m telemetry.prometheus`
 (what `make metrics` runs) serves it; Prometheus scrapes it every 0.5 s and answers PromQL for
 the cost, waste and per-rank figures. Then every query of dashboards/trainwise.json (panel
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from telemetry.events import (
+    BillEvent,
     CheckpointEvent,
     DecisionEvent,
     EvalEvent,
@@ -54,7 +56,8 @@ def _step(run_id: str, step: int, rank: int, share: float, compute_ms: float,
         allreduce_wait_ms=wait_ms)
 
 
-def _write_two_rank_run(runs_root: Path, run_id: str, end_cost_usd: float) -> dict[str, float]:
+def _write_two_rank_run(runs_root: Path, run_id: str, end_cost_usd: float,
+                        bill_usd: float) -> dict[str, float]:
     """Writes the run; returns the figures the telemetry says, to compare with PromQL."""
     run_folder = runs_root / run_id
     run_folder.mkdir(parents=True)
@@ -86,9 +89,17 @@ def _write_two_rank_run(runs_root: Path, run_id: str, end_cost_usd: float) -> di
         run_id=run_id, step=4, wall_time_s=T0_S + 5.0, status="completed", elapsed_s=5.0,
         cost_usd=end_cost_usd, samples_seen=64, tokens_seen=4096, final_eval_loss=1.25,
         final_eval_accuracy=None, checkpoint_path="c.pt", checkpoint_sha256="0" * 64))
+    # The provider's bill (the holder of the nodes writes it under rank 1000): the run's cost.
+    provider = SegmentWriter(run_folder / "telemetry", run_id, rank=1000)
+    for wall_s, usd, final in ((T0_S + 2.0, bill_usd / 2, False), (T0_S + 5.5, bill_usd, True)):
+        provider.write(BillEvent(run_id=run_id, rank=1000, step=4, wall_time_s=wall_s,
+                                 bill_usd=usd, provider="emulated", provider_time_s=3600.0,
+                                 spot_share=0.5, nodes_held=0 if final else 2, final=final))
+    writers.append(provider)
     for writer in writers:
         writer.close()
-    return {"cost_usd": end_cost_usd, "tokens": 4096, "eval_loss": 1.25, "train_loss": 1.0,
+    return {"cost_usd": bill_usd, "compute_estimate_usd": end_cost_usd, "tokens": 4096,
+            "eval_loss": 1.25, "train_loss": 1.0,
             "preemptions": 1, "rank0_step_s": 0.37, "rank1_step_s": 0.37,
             "rank0_wait_s": 0.02, "rank1_wait_s": 0.04, "rank0_share": 0.6, "rank1_share": 0.4}
 
@@ -150,8 +161,9 @@ def prometheus_server(tmp_path_factory: pytest.TempPathFactory):
                     "`make test` installs it when run as root")
     tmp_path = tmp_path_factory.mktemp("prometheus")
     runs_root = tmp_path / "runs"
-    expected = _write_two_rank_run(runs_root, RUN_ID, end_cost_usd=0.04)  # = its last step's
-    _write_two_rank_run(runs_root, END_RUN_ID, end_cost_usd=0.045)
+    expected = _write_two_rank_run(runs_root, RUN_ID, end_cost_usd=0.04,  # = its last step's
+                                   bill_usd=1.75)
+    _write_two_rank_run(runs_root, END_RUN_ID, end_cost_usd=0.045, bill_usd=2.0)
     real = _train_tiny_run(runs_root / REAL_RUN_ID)
     exporter_port, prometheus_port = free_port(), free_port()
     config = tmp_path / "prometheus.yml"
@@ -185,7 +197,9 @@ def test_promql_answers_cost_waste_and_rank_figures(prometheus_server):
     port, expected = prometheus_server
     sel = f'run_id="{RUN_ID}", partition="{PARTITION}"'
     assert _by(port, f"trainwise_cost_usd{{{sel}}}", "run_id") == {
-        RUN_ID: pytest.approx(expected["cost_usd"])}
+        RUN_ID: pytest.approx(expected["cost_usd"])}  # the bill, not the trainer's estimate
+    assert _by(port, f"trainwise_compute_estimate_usd{{{sel}}}", "run_id") == {
+        RUN_ID: pytest.approx(expected["compute_estimate_usd"])}
     assert _by(port, f"trainwise_tokens_seen_total{{{sel}}}", "run_id")[RUN_ID] == expected["tokens"]
     assert _by(port, f"trainwise_eval_loss{{{sel}}}", "run_id")[RUN_ID] == expected["eval_loss"]
     assert _by(port, f"trainwise_train_loss{{{sel}}}", "run_id")[RUN_ID] == expected["train_loss"]
@@ -218,8 +232,10 @@ def test_a_real_training_run_reads_the_same_in_promql_as_in_its_telemetry(promet
     last_eval = max((r for r in records if r["type"] == "eval"), key=lambda r: r["wall_time_s"])
     sel = f'run_id="{REAL_RUN_ID}", partition=""'
     assert result.status == "completed" and result.steps == 8
-    assert _by(port, f"trainwise_cost_usd{{{sel}}}", "run_id") == {
+    # The trainer alone (no provider holds its nodes): its estimate, and no bill made up.
+    assert _by(port, f"trainwise_compute_estimate_usd{{{sel}}}", "run_id") == {
         REAL_RUN_ID: pytest.approx(end["cost_usd"])}
+    assert _by(port, f"trainwise_cost_usd{{{sel}}}", "run_id") == {}
     assert end["cost_usd"] == pytest.approx(result.cost_usd) and result.cost_usd > 0
     assert _by(port, f"trainwise_tokens_seen_total{{{sel}}}", "run_id")[REAL_RUN_ID] == \
         result.tokens_seen
@@ -267,5 +283,5 @@ def test_every_dashboard_query_parses_and_returns_data(prometheus_server):
 
 def test_run_end_cost_is_not_overwritten_by_an_earlier_step_of_another_rank(prometheus_server):
     port, _ = prometheus_server
-    cost = _by(port, f'trainwise_cost_usd{{run_id="{END_RUN_ID}"}}', "run_id")
+    cost = _by(port, f'trainwise_compute_estimate_usd{{run_id="{END_RUN_ID}"}}', "run_id")
     assert cost == {END_RUN_ID: pytest.approx(0.045)}

@@ -10,6 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from telemetry.events import (
+    BillEvent,
     CheckpointEvent,
     DecisionEvent,
     EvalEvent,
@@ -101,7 +102,10 @@ def test_scrapes_show_figures_and_read_only_new_lines(runs_root, exporter):
     assert _value(first, "trainwise_step") == 3
     assert _value(first, "trainwise_train_loss") == pytest.approx(4.0 / 3)
     assert _value(first, "trainwise_eval_loss") == 1.25
-    assert _value(first, "trainwise_cost_usd") == pytest.approx(0.03)
+    # The trainer's wall time x list price is exported as what it is; with no bill written yet
+    # there is no cost sample rather than the estimate passed off as one.
+    assert _value(first, "trainwise_compute_estimate_usd") == pytest.approx(0.03)
+    assert not any(name == "trainwise_cost_usd" for name, _ in first)
     assert _value(first, "trainwise_tokens_seen_total") == 1536
     assert _value(first, "trainwise_samples_seen_total") == 24
     assert _value(first, "trainwise_step_time_seconds") == pytest.approx(0.75)
@@ -121,7 +125,15 @@ def test_scrapes_show_figures_and_read_only_new_lines(runs_root, exporter):
                                  signal_name="SIGTERM", notice_s=120.0,
                                  received_wall_time_s=1004.2, response="checkpoint_and_exit"))
     writer.write(_checkpoint(4, "preemption"))
+    # The provider's bill, written by the nodes' holder under rank 1000: the run's cost.
+    provider = SegmentWriter(runs_root / RUN_ID / "telemetry", RUN_ID, rank=1000)
+    for wall_s, usd in ((1004.5, 2.5), (1003.9, 1.0)):  # an older line read later must not win
+        provider.write(BillEvent(run_id=RUN_ID, rank=1000, step=4, wall_time_s=wall_s,
+                                 bill_usd=usd, provider="emulated", provider_time_s=900.0,
+                                 spot_share=0.75, nodes_held=1))
     second = _scrape(port)
+    assert _value(second, "trainwise_cost_usd") == pytest.approx(2.5)
+    assert _value(second, "trainwise_spot_share") == pytest.approx(0.75)
     assert _value(second, "trainwise_step") == 4
     assert _value(second, "trainwise_micro_batch_size") == 16
     assert _value(second, "trainwise_tokens_seen_total") == 2048
@@ -138,9 +150,14 @@ def test_scrapes_show_figures_and_read_only_new_lines(runs_root, exporter):
         cost_usd=0.05, samples_seen=32, tokens_seen=2048, final_eval_loss=1.1,
         final_eval_accuracy=None, checkpoint_path="c.pt", checkpoint_sha256="0" * 64))
     writer.close()
+    provider.write(BillEvent(run_id=RUN_ID, rank=1000, step=4, wall_time_s=1005.5, bill_usd=3.25,
+                             provider="emulated", provider_time_s=1000.0, spot_share=0.7,
+                             nodes_held=0, final=True))
+    provider.close()
     final = _scrape(port)
     assert _value(final, "trainwise_run_finished") == 1
-    assert _value(final, "trainwise_cost_usd") == pytest.approx(0.05)
+    assert _value(final, "trainwise_compute_estimate_usd") == pytest.approx(0.05)
+    assert _value(final, "trainwise_cost_usd") == pytest.approx(3.25)  # the final bill
     assert _value(final, "trainwise_decisions_total", layer="fast") == 2
 
 
@@ -195,3 +212,25 @@ def test_bad_arguments_are_refused(tmp_path):
     not_a_folder.write_text("x")
     with pytest.raises(ValueError, match="runs_root"):
         serve(not_a_folder, 0)
+
+
+def test_the_schedule_in_force_is_exported_for_joining(runs_root, exporter):
+    """The run's request names the schedule it started on; a decision made under a switched
+    schedule (trainwise.schedule: every decision carries its version) moves the label."""
+    (runs_root / RUN_ID / "request.json").write_text(
+        json.dumps({"partition": "pystdlib", "schedule_version": "v-start"}))
+    port = exporter.server_port
+    writer = SegmentWriter(runs_root / RUN_ID / "telemetry", RUN_ID)
+    writer.write(_step(1))
+    assert _value(_scrape(port), "trainwise_run_schedule_info", schedule_version="v-start") == 1
+    writer.write(DecisionEvent(run_id=RUN_ID, step=1, wall_time_s=1001.5, layer="fast",
+                               policy="noop", action={}, reason="switched", numbers={},
+                               observation={}, schedule_version="v-next"))
+    writer.write(DecisionEvent(run_id=RUN_ID, step=1, wall_time_s=1000.5, layer="fast",
+                               policy="noop", action={}, reason="older line, read later",
+                               numbers={}, observation={}, schedule_version="v-start"))
+    writer.close()
+    samples = _scrape(port)
+    assert _value(samples, "trainwise_run_schedule_info", schedule_version="v-next") == 1
+    assert not [k for k in samples if k[0] == "trainwise_run_schedule_info"
+                and ("schedule_version", "v-start") in k[1]]

@@ -58,8 +58,8 @@ def test_spot_allocation_is_launched_in_its_zone_and_billed(state):
     [node] = launched(state)
     assert (node["market"], node["zone"], node["provider"]) == ("spot", "us-east-1c", "emulated")
     assert (summary.market, summary.zone, summary.nodes) == ("spot", "us-east-1c", 1)
-    assert summary.spot_share == 1.0 and summary.provider_cost_usd == pytest.approx(
-        cloud.bill_usd()) and summary.provider_cost_usd > 0
+    assert summary.spot_share == 1.0 and summary.cost_usd == pytest.approx(
+        cloud.bill_usd()) and summary.cost_usd > 0
     assert not cloud.describe(cloud.nodes()[0]).state.alive, "released at the end"
 
 

@@ -67,8 +67,15 @@ def test_the_bill_in_the_summary_is_the_providers(supervised):
         "figures"]
     billed_usd = sum(h["price_usd_per_hour"] * (h["end_s"] - h["launch_s"]) / 3600.0
                      for h in figures["holdings"])
-    assert summary.provider_cost_usd == pytest.approx(billed_usd, rel=1e-9)
+    assert summary.cost_usd == pytest.approx(billed_usd, rel=1e-9)
     assert summary.provider == "emulated" and summary.spot_share == figures["spot_share"]
+    # The engine wrote the bill into the telemetry as it grew; its final one is this bill (what
+    # MLflow's cost/usd and Prometheus's trainwise_cost_usd show, telemetry.bill).
+    bills = [e for e in read_run_events(state / "runs" / "run-a" / "telemetry" / "run-a")
+             if e["type"] == "bill"]
+    assert len(bills) >= 2 and bills[-1]["final"]
+    assert bills[-1]["bill_usd"] == pytest.approx(billed_usd, rel=1e-9)
+    assert all(a["bill_usd"] <= b["bill_usd"] for a, b in zip(bills, bills[1:]))
     assert summary.reclaims == figures["preemptions"]
     # Waste is at least every changeover after the first and every notice-to-down stretch; the
     # fixed schedule is the rest of the billed node time, bought on demand.
@@ -77,7 +84,7 @@ def test_the_bill_in_the_summary_is_the_providers(supervised):
         (figures["launches"] - 1) * 360.0 + figures["stopping_node_s"] - 1e-6)
     assert summary.fixed_on_demand_usd == pytest.approx(
         figures["on_demand_usd_per_hour"] * (billed_s - summary.preemption_waste_node_s) / 3600.0)
-    assert summary.fixed_on_demand_usd > summary.provider_cost_usd, "spot was cheaper here"
+    assert summary.fixed_on_demand_usd > summary.cost_usd, "spot was cheaper here"
 
 
 def test_decisions_checkpoints_and_mlflow_are_recorded_as_for_any_run(supervised):
@@ -92,8 +99,7 @@ def test_decisions_checkpoints_and_mlflow_are_recorded_as_for_any_run(supervised
 
     logged = MlflowClient(tracking_uri=f"sqlite:///{state / 'mlflow.db'}").get_run(
         summary.mlflow_run_id)
-    assert logged.data.metrics["final/provider_cost_usd"] == pytest.approx(
-        summary.provider_cost_usd)
+    assert logged.data.metrics["final/cost_usd"] == pytest.approx(summary.cost_usd)
     assert logged.info.status == "FINISHED"
     # Where every dollar went, as an MLflow artifact: the table whose money rows are the bill.
     client = MlflowClient(tracking_uri=f"sqlite:///{state / 'mlflow.db'}")
@@ -102,7 +108,7 @@ def test_decisions_checkpoints_and_mlflow_are_recorded_as_for_any_run(supervised
     from trainwise import cost_summary
 
     table = cost_summary.summarize(state / "runs" / "run-a")
-    assert table.bill_usd == pytest.approx(summary.provider_cost_usd, abs=0.01)
+    assert table.bill_usd == pytest.approx(summary.cost_usd, abs=0.01)
     written = (state / "runs" / "run-a" / runs.COST_SUMMARY_NAME).read_text()
     assert written.splitlines()[0] == table.markdown().splitlines()[0]  # same bill, same run
 
@@ -123,7 +129,7 @@ def test_the_demo_states_the_saving_against_the_fixed_schedule_from_the_bill(sup
     """The one line a user repeats (issue 28, item 2): the bill, the fixed on-demand schedule's
     cost for the same steps, and the saving between them; the trainer's estimate is labelled."""
     _, summary = supervised
-    bill, fixed = summary.provider_cost_usd, summary.fixed_on_demand_usd
+    bill, fixed = summary.cost_usd, summary.fixed_on_demand_usd
     assert bill > 0 and fixed > 0
     line = summary.saving_line()
     assert f"trainwise {bill:.4f} USD" in line and f"{fixed:.4f} USD" in line

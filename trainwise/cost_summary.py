@@ -818,7 +818,9 @@ def _known_rows(run_dir: Path, events: list[dict[str, Any]], fast: str,
     saves = _rank0(events, "checkpoint")
     save_ms = sum(float(e.get("save_ms") or 0.0) for e in saves)
     ends = [float(e["cost_usd"]) for e in _rank0(events, "run_end") if e.get("cost_usd")]
-    estimate = outcome.get("cost_usd", max(ends, default=None))
+    # outcome.json names it compute_estimate_usd; one written before the bill was the cost
+    # shown called it cost_usd.
+    estimate = outcome.get("compute_estimate_usd", outcome.get("cost_usd", max(ends, default=None)))
     return [
         CostRow("bill", "provider's bill", KNOWN, None, None, None, "", why_missing=why),
         CostRow("trainer_estimate", "trainer's own estimate", KNOWN, None,

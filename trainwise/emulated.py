@@ -339,12 +339,14 @@ def supervise(plan: ReplayPlan, *, policy: Any, run_id: str, run_dir: Path, shar
                     if job.frozen:
                         continue
                 job.advance(clock.now_s + elapsed_wall * clock.emulated_per_wall_s)
+                job.write_bill()
         finally:
             if job.trainer is not None and job.trainer.process.poll() is None:
                 os.kill(job.trainer.process.pid, signal.SIGKILL)
                 job.trainer.process.wait()
                 job.node_down(job.trainer)
             job.end_holding("stopped")
+            job.write_bill(final=True)  # the bill emulated_result reports
     return job, status
 
 

@@ -73,6 +73,7 @@ class _Emulation(_TrainerProcesses):
     pids: list[int] = field(default_factory=list)
     # (spawn wall time, USD/h of the set the trainer ran on) per trainer, in start order.
     spawns: list[tuple[float, float]] = field(default_factory=list)
+    meter: Any = None  # telemetry.bill.BillMeter, opened by write_bill
 
     @property
     def market(self) -> replay.ReplayMarket:
@@ -130,6 +131,23 @@ class _Emulation(_TrainerProcesses):
             action=action, reason=reason, numbers=numbers, observation=observation or {},
             # The schedule the trainer started on (its config names it; "" for a benchmark).
             schedule_version=str(self.train_config.get("schedule_version") or "")))
+
+    def write_bill(self, final: bool = False) -> None:
+        """The provider's bill so far into the telemetry (`telemetry.bill`): what MLflow,
+        Prometheus and the plot show as the run's cost; the final one is the result's bill."""
+        from telemetry.bill import BillMeter
+
+        if self.meter is None:
+            self.meter = BillMeter(self.run_id, self.provider.name, PROVIDER_RANK)
+        if not self.meter.due(final):
+            return
+        event = self.meter.event(
+            step=self.steps, bill_usd=replay.bill_usd(self.holdings, self.clock.now_s),
+            provider_time_s=self.clock.now_s,
+            spot_share=replay.spot_share(self.holdings, self.clock.now_s),
+            nodes_held=0 if final else len(self.gang), final=final)
+        if event is not None:
+            self.writer.write(event)
 
     def end_holding(self, reason: str) -> None:
         """The job lets its nodes go now (the provider closes their bills, `terminate`)."""

@@ -204,6 +204,9 @@ class GangSession:
     # It returns what it did, recorded with the notice.
     on_stop: Callable[[list[NodeHandle], str], dict[str, Any]] | None = None
     noticed: list[NodeHandle] = field(default_factory=list)  # of the current stop
+    # The trainer's last step this session saw (its fast ticks); stamped on the bill events.
+    last_step: int = 0
+    _meter: Any = None  # telemetry.bill.BillMeter: the bill, as it grows, in the telemetry
 
     # -- set up -----------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -296,6 +299,7 @@ class GangSession:
         else:
             events = provider.poll_events()
         self._last_wall_s = now_wall
+        self._write_bill()
         notices = ours_noticed(events)
         wanted = self._wanted()
         if notices:
@@ -446,6 +450,7 @@ class GangSession:
                 self.provider.terminate(node, reason)
         record = self.record()
         self._write_record(record)
+        self._write_bill(final=True, bill_usd=record["cost_usd"])
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -523,20 +528,43 @@ class GangSession:
         self.history.append(entry)
         self._write_record(self.record())
         from telemetry.events import DecisionEvent
-        from telemetry.writer import SegmentWriter
-
-        if self._writer is None:
-            self._writer = SegmentWriter(self.run_dir / "telemetry", self.run_id,
-                                         rank=PROVIDER_RANK)
         from trainwise.schedule import run_schedule_version
 
-        self._writer.write(DecisionEvent(
+        self._telemetry().write(DecisionEvent(
             run_id=self.run_id, rank=PROVIDER_RANK, step=0, layer="slow", policy=POLICY_NAME,
             action={k: v for k, v in entry.items() if k not in ("reason", "wall_time_s")},
             reason=reason, numbers={"provider_time_s": float(self.provider.now_s()),
                                     "reclaims": float(self.reclaims)},
             observation={},
             schedule_version=run_schedule_version(self.run_dir) or self.schedule_version))
+
+
+    def _telemetry(self) -> Any:
+        """The provider rank's telemetry writer, opened on first use."""
+        from telemetry.writer import SegmentWriter
+
+        if self._writer is None:
+            self._writer = SegmentWriter(self.run_dir / "telemetry", self.run_id,
+                                         rank=PROVIDER_RANK)
+        return self._writer
+
+    def _write_bill(self, *, final: bool = False, bill_usd: float | None = None) -> None:
+        """The bill so far into the telemetry (`telemetry.bill`): what MLflow, Prometheus and
+        the plot show as the run's cost. At most once a second while it moves; always at close."""
+        from telemetry.bill import BillMeter
+
+        if self._meter is None:
+            self._meter = BillMeter(self.run_id, self.provider.name, PROVIDER_RANK)
+        if not self._meter.due(final):
+            return
+        if bill_usd is None:
+            bill_usd = self.provider.bill_usd()
+        event = self._meter.event(
+            step=self.last_step, bill_usd=math.nan if bill_usd is None else float(bill_usd),
+            provider_time_s=self.provider.now_s(), spot_share=self.spot_share(),
+            nodes_held=0 if final else len(self.nodes), final=final)
+        if event is not None:
+            self._telemetry().write(event)
 
 
 class _GangFastPolicy:
@@ -547,6 +575,7 @@ class _GangFastPolicy:
         self.name = getattr(inner, "name", type(inner).__name__)
 
     def act(self, observation: Any) -> Any:
+        self.session.last_step = int(observation.step)
         if observation.preemption_notice_s is None:
             self.session.check()
         return self.inner.act(observation)

@@ -70,8 +70,11 @@ def event_metrics(event: Mapping[str, Any]) -> dict[str, float]:
             "charts/learning_rate": event.get("learning_rate"),
             "charts/micro_batch_size": event.get("micro_batch_size"),
             "charts/step_time_ms": event.get("step_time_ms"),
-            "cost/usd": event.get("cost_usd"),
+            # The trainer's wall time x the list price: an estimate, not the bill.
+            "cost/compute_estimate_usd": event.get("cost_usd"),
         }
+    elif kind == "bill":  # the provider's bill so far (telemetry.bill): the run's cost
+        values = {"cost/usd": event.get("bill_usd"), "cost/spot_share": event.get("spot_share")}
     elif kind == "eval":
         values = {"losses/eval": event.get("eval_loss"), "eval/accuracy": event.get("eval_accuracy")}
     elif kind == "checkpoint":
@@ -84,6 +87,14 @@ def event_metrics(event: Mapping[str, Any]) -> dict[str, float]:
 
 
 # --- following files that are being written ------------------------------------------------------
+def segments_now(telemetry_dir: Path) -> set[Path]:
+    """The telemetry segments present now: an earlier session's, when listed before this one
+    writes (its provider rank writes before the MLflow run opens, so list before launching)."""
+    telemetry_dir = Path(telemetry_dir)
+    return ({s.path for s in reader.list_segments(telemetry_dir)} if telemetry_dir.is_dir()
+            else set())
+
+
 class TelemetryTail:
     """New records of a run's telemetry segments on each `poll`, each returned once.
 
@@ -93,14 +104,17 @@ class TelemetryTail:
     A malformed segment is reported in `problems` and not read again; the tail goes on.
     """
 
-    def __init__(self, telemetry_dir: Path, *, skip_existing: bool = False) -> None:
+    def __init__(self, telemetry_dir: Path, *, skip_existing: bool = False,
+                 skip: Iterable[Path] | None = None) -> None:
         self.telemetry_dir = Path(telemetry_dir)
         self._lines: dict[Path, int] = {}  # segment -> complete lines returned
         self._bytes: dict[Path, int] = {}  # segment -> bytes of those lines
         self._done: set[Path] = set()
         self.problems: list[str] = []
-        if skip_existing and self.telemetry_dir.is_dir():
-            self._done = {s.path for s in reader.list_segments(self.telemetry_dir)}
+        if skip is not None:  # the caller listed the earlier sessions' segments itself
+            self._done = set(skip)
+        elif skip_existing:
+            self._done = segments_now(self.telemetry_dir)
 
     def poll(self) -> list[dict[str, Any]]:
         if not self.telemetry_dir.is_dir():
@@ -225,7 +239,8 @@ class LiveRun:
     """One MLflow run, open from `start` to `finish`/`abort`; see the module docstring."""
 
     def __init__(self, spec: LiveRunSpec, *, interval_s: float = DEFAULT_INTERVAL_S,
-                 backoff: Backoff | None = None, skip_existing: bool = True) -> None:
+                 backoff: Backoff | None = None, skip_existing: bool = True,
+                 skip_segments: Iterable[Path] | None = None) -> None:
         self.spec = spec
         self.interval_s = interval_s
         self.backoff = backoff  # for start and finish; a tick tries once (TICK_BACKOFF)
@@ -233,7 +248,8 @@ class LiveRun:
         self.problems: list[str] = []
         self.decisions: list[dict[str, Any]] = []
         self.dropped_metrics = 0
-        self._telemetry = TelemetryTail(spec.telemetry_dir, skip_existing=skip_existing)
+        self._telemetry = TelemetryTail(spec.telemetry_dir, skip_existing=skip_existing,
+                                        skip=skip_segments)
         self._consumption = (ConsumptionTail(spec.consumption_path)
                              if spec.consumption_path is not None else None)
         self._control = ControlWatch(spec.control_path)

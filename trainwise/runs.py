@@ -64,7 +64,9 @@ class RunSummary:
     samples_seen: int
     final_eval_loss: float
     final_eval_accuracy: float
-    cost_usd: float
+    # The trainer's own compute estimate (its wall time x the list price), not the bill: the
+    # cost trainwise shows is `cost_usd` below, the provider's bill.
+    compute_estimate_usd: float
     train_wall_s: float
     instance_type: str
     price_usd_per_hour: float
@@ -80,13 +82,13 @@ class RunSummary:
     resumed_from_step: int | None = None
     # What still has to be redone (a failed ingest, upload or MLflow log); "" when nothing.
     pending: str = ""
-    # The compute provider's side (`trainwise.gang`): where the run ended, the provider's bill
-    # (node-seconds on its clock x the zone's spot/on-demand price), reclaims answered.
+    # The compute provider's side (`trainwise.gang`): where the run ended, the bill (node-seconds
+    # on the provider's clock x the spot/on-demand price paid; the one cost trainwise shows).
     provider: str = ""
     market: str = ""
     zone: str = ""
     nodes: int = 0
-    provider_cost_usd: float = 0.0
+    cost_usd: float = 0.0
     spot_share: float = 0.0
     reclaims: int = 0
     replacements: int = 0
@@ -111,13 +113,13 @@ class RunSummary:
 
     def one_line(self) -> str:
         return (f"{self.partition}: {self.steps} steps, {self.tokens_seen:,} tokens, eval loss "
-                f"{self.final_eval_loss:.4f}, bill {self.provider_cost_usd:.4f} USD at "
+                f"{self.final_eval_loss:.4f}, bill {self.cost_usd:.4f} USD at "
                 f"{self.provider or 'the provider'}")
 
     def saving_line(self) -> str:
         """The one line a user can repeat: the bill against the fixed on-demand schedule for
         the same steps (issue 28, item 2); says so when the fixed figure is not known."""
-        fixed, bill = self.fixed_on_demand_usd, self.provider_cost_usd
+        fixed, bill = self.fixed_on_demand_usd, self.cost_usd
         if fixed is None or not math.isfinite(fixed) or fixed <= 0:
             return (f"trainwise {bill:.4f} USD; the fixed on-demand schedule's cost for the same "
                     "steps is not known for this run")
@@ -136,12 +138,12 @@ class RunSummary:
             f"  tokens seen     {self.tokens_seen:,}  (samples {self.samples_seen:,})\n"
             f"  eval loss       {self.final_eval_loss:.4f}{accuracy}\n"
             f"  saving          {self.saving_line()}\n"
-            f"  trainer's own   {self.cost_usd:.4f} USD compute estimate, not the bill "
+            f"  trainer's own   {self.compute_estimate_usd:.4f} USD compute estimate, not the bill "
             f"({self.train_wall_s:.0f} s of trainer wall time x {self.instance_type} at "
             f"{self.price_usd_per_hour:.3f} USD/h)\n"
             f"  cloud           {self.provider} (on the provider's clock; the emulated one "
             f"replays the trace faster than real time): now {self.nodes} x {self.market} in "
-            f"{self.zone}, bill {self.provider_cost_usd:.4f} USD, spot share {self.spot_share:.0%}, "
+            f"{self.zone}, bill {self.cost_usd:.4f} USD, spot share {self.spot_share:.0%}, "
             f"{self.reclaims} reclaim(s), {self.replacements} replacement(s); waste "
             f"{self.preemption_waste_node_s:.0f} node-s; fixed on-demand schedule "
             f"{self.fixed_on_demand_usd:.4f} USD\n"
@@ -206,21 +208,35 @@ def fast_policy_in_charge(name: str, region: str | None) -> tuple[FastPolicy, st
     return champion.fast_policy_in_charge(region, incumbent)
 
 
+def cost_vs_loss_points(events: list[dict[str, Any]]) -> tuple[list[tuple[float, float]], str]:
+    """(bill so far, eval loss) at each eval, and the x axis's label. The bill is the provider's
+    (`telemetry.bill`), read at the eval's wall time; a run whose telemetry holds no bill (one
+    written before bills were recorded) falls back to the trainer's compute estimate, so labelled."""
+    from telemetry.bill import BillCurve
+
+    evals = [e for e in events if e["type"] == "eval" and e.get("eval_loss") is not None]
+    curve = BillCurve(events)
+    if curve:
+        return ([(curve.at(float(e["wall_time_s"])), float(e["eval_loss"])) for e in evals],
+                "the provider's bill so far (USD)")
+    estimate_at_step = {e["step"]: e["cost_usd"] for e in events if e["type"] == "step"}
+    return ([(float(estimate_at_step.get(e["step"]) or 0.0), float(e["eval_loss"]))
+             for e in evals], "trainer's compute estimate so far (USD), not the bill")
+
+
 def plot_cost_vs_loss(events: list[dict[str, Any]], path: Path) -> Path | None:
-    """Eval loss against dollars spent: the picture a user opens first in MLflow."""
+    """Eval loss against dollars billed: the picture a user opens first in MLflow."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cost_at_step = {e["step"]: e["cost_usd"] for e in events if e["type"] == "step"}
-    points = [(cost_at_step.get(e["step"], 0.0), e["eval_loss"])
-              for e in events if e["type"] == "eval" and e["eval_loss"] is not None]
+    points, x_label = cost_vs_loss_points(events)
     if not points:
         return None
     figure, axis = plt.subplots(figsize=(6, 4))
     axis.plot([p[0] for p in points], [p[1] for p in points], marker="o")
-    axis.set_xlabel("cost so far (USD)")
+    axis.set_xlabel(x_label)
     axis.set_ylabel("eval loss")
     axis.set_title("eval loss vs cost")
     axis.grid(alpha=0.3)
@@ -647,6 +663,9 @@ def run_training(
 
     session: gang.GangSession | None = None  # the in-process engine's nodes
     ranks = False
+    # Earlier sessions' telemetry, listed before this one's provider rank writes its launch:
+    # the MLflow tail skips these and follows everything this call writes, bills included.
+    earlier_segments = mlflow_live.segments_now(run_dir / "telemetry" / request.run_id)
     if not supervised:
         session = gang.GangSession(
             provider if provider is not None else gang.provider_for_run(request.instance_type,
@@ -707,6 +726,7 @@ def run_training(
             control_path=control_path(state_dir, request.run_id) if pruning else None,
             proposal_path=(control_path(state_dir, request.run_id).with_name("control.pending.json")
                            if pruning else None)),
+            skip_segments=earlier_segments,
             interval_s=mlflow_interval_s).start()
     except BaseException:
         if session is not None:
@@ -808,11 +828,12 @@ def run_training(
         final = {
             "final/eval_loss": result.final_eval_loss,
             "final/eval_accuracy": result.final_eval_accuracy,
-            "final/cost_usd": result.cost_usd,
+            # The bill (the cost shown everywhere); the trainer's estimate is labelled as one.
+            "final/cost_usd": gang_record["cost_usd"],
+            "final/compute_estimate_usd": result.cost_usd,
             "final/tokens": result.tokens_seen,
             "final/samples": result.samples_seen,
             "final/wall_s": result.elapsed_s,
-            "final/provider_cost_usd": gang_record["cost_usd"],
             "final/spot_share": gang_record["spot_share"],
             "final/reclaims": gang_record["reclaims"],
             "final/world_size": gang_record["world_size"],
@@ -851,7 +872,7 @@ def run_training(
                          else result.final_eval_loss),
         final_eval_accuracy=(math.nan if result.final_eval_accuracy is None
                              else result.final_eval_accuracy),
-        cost_usd=result.cost_usd,
+        compute_estimate_usd=result.cost_usd,
         train_wall_s=result.elapsed_s,
         instance_type=request.instance_type,
         price_usd_per_hour=price,
@@ -869,7 +890,7 @@ def run_training(
         market=gang_record["market"],
         zone=gang_record["zone"],
         nodes=gang_record["nodes"],
-        provider_cost_usd=gang_record["cost_usd"] or 0.0,
+        cost_usd=gang_record["cost_usd"] or 0.0,
         spot_share=gang_record["spot_share"],
         reclaims=gang_record["reclaims"],
         replacements=gang_record["replacements"],
