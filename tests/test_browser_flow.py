@@ -7,7 +7,9 @@ One UI for the module, steps in order, as a person does them: see the asset grap
 cost in Prometheus's own graph page (Debian's `prometheus` scraping `telemetry.prometheus`);
 propose a schedule change and see its blocking gate `schedule_approved` fail (no approval);
 approve the proposal's hash by launching `schedule_approve` (the `approvals` asset) with run
-config and see the gate pass and the change go live; publish a second curriculum and roll back
+config and see the gate pass and the change go live; launch the next run and see it start on the
+approved schedule (its run tag, every decision's version); roll the schedule back through the
+same gate (blocked, approved, the previous version in force); publish a second curriculum and roll back
 to the first through `curriculum_rollback`; with two fast-policy champions staged by hand (no
 PPO), roll the region back to the first through `champion_rollback` and see its gate pass.
 Each step leaves a screenshot under test-artifacts/browser/.
@@ -261,6 +263,63 @@ def test_approval_from_the_launchpad_passes_the_gate_and_the_change_goes_live(br
     assert approvals.current_schedule(folder)["allocation_policy"] == NEW_POLICY
     published = approvals.history(folder)[-1]
     assert published["event"] == "published" and published["approval"]["approver"] == "ada"
+
+
+RUN_TAGS = "query($runId: ID!) { runOrError(runId: $runId) { ... on Run { tags { key value } } } }"
+
+
+@pytest.mark.timeout(900)
+def test_the_next_run_launched_from_the_launchpad_starts_on_the_approved_schedule(browser_ui):
+    page, url, state, seen = browser_ui
+    _needs(seen, "proposal_hash", "approval passes the gate and the change goes live")
+    from trainwise import schedule as schedule_lib
+
+    version = schedule_lib.version_of(approvals.current_schedule(state / "governance" /
+                                                                 "schedule"))
+    config = (IN_PROCESS + "ops:\n  checkpoint:\n    config:\n      max_steps: 4\n"
+              "      eval_every_steps: 2\n")
+    run_id = _run(page, url, state, "demo", config, "SUCCESS", PARTITION, shot="04b-next-run")
+    bs.run_page_text(page, "RUN_SUCCESS", "04b-next-run-page")
+    tags = {t["key"]: t["value"] for t in bs.graphql(url, RUN_TAGS, {"runId": run_id})[
+        "runOrError"]["tags"]}
+    assert tags.get("trainwise/schedule_version") == version, tags
+    # Every decision the run recorded names the schedule it was made under.
+    from telemetry.reader import read_run_events
+
+    run_dirs = [p.parent for p in (state / "runs").glob("*/request.json")
+                if json.loads(p.read_text()).get("schedule_version") == version]
+    assert run_dirs, f"no run folder under {state / 'runs'} started on schedule {version}"
+    decisions = [e for e in read_run_events(run_dirs[0] / "telemetry" / run_dirs[0].name)
+                 if e["type"] == "decision"]
+    assert decisions and {d["schedule_version"] for d in decisions} == {version}
+    seen["approved_version"] = version
+
+
+@pytest.mark.timeout(900)
+def test_a_published_schedule_is_rolled_back_through_the_same_gate(browser_ui):
+    page, url, state, seen = browser_ui
+    approved = _needs(seen, "approved_version", "the next run starts on the approved schedule")
+    folder = state / "governance" / "schedule"
+    from trainwise import schedule as schedule_lib
+
+    before = [v for v in approvals.published_versions(folder) if v["version"] != approved]
+    assert before, "the schedule in force before the approval is not among the published ones"
+    config = (IN_PROCESS + "ops:\n  schedule_change:\n    config:\n      rollback_to: previous\n"
+              "      reason: failover cost more than forecast\n")
+    run_id = _run(page, url, state, "schedule_propose", config, "FAILURE", shot="04c-rollback")
+    text = bs.run_page_text(page, "Check schedule_approved failed", "04c-rollback-blocked")
+    found = HASH.search(text)
+    assert found, f"the gate's 'proposal <hash> blocked' is not on the run page of {run_id}"
+    assert schedule_lib.version_of(approvals.current_schedule(folder)) == approved  # not yet
+    config = (IN_PROCESS + "ops:\n  approvals:\n    config:\n      approver: ada\n"
+              f"      content_hash: '{found.group(1)}'\n      comment: back to the last one\n")
+    _run(page, url, state, "schedule_approve", config, "SUCCESS", shot="04c-rollback-approve")
+    text = bs.run_page_text(page, "Check schedule_approved succeeded", "04c-rollback-passes")
+    assert f"proposal {found.group(1)} published" in text
+    current = approvals.current_schedule(folder)
+    assert current["allocation_policy"] != NEW_POLICY
+    assert schedule_lib.version_of(current) == before[-1]["version"]
+    assert approvals.history(folder)[-1]["approval"]["approver"] == "ada"
 
 
 @pytest.mark.timeout(900)
