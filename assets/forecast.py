@@ -1,10 +1,17 @@
-"""`cost_forecast`: what the next run will cost under the current schedule and each alternative.
+"""`cost_forecast`: what each registered job, and a generic next run, will cost.
+
+Your jobs (issue 28, item 4): one row per `train` partition, sized from its measured throughput
+(its earlier runs' telemetry, else a probe of its first steps: `trainwise.job_forecast`), its
+deadline and its region's market: P50/P90 USD and hours, the throughput and where it came from.
+The schedules: the generic next run (TRAINWISE_FORECAST_WORK_GPU_H) under the current schedule,
+each other allocation policy and a pending proposal, as the schedule gate compares them.
 
 Monte Carlo over the real spot traces (`cloud/forecast.py`; the embedded market when
-$TRAINWISE_DATA_DIR/spot is missing). The metadata carries the P50/P90 table, the deadline risk,
-the plot (inline in the markdown, and its file), and the figures also go to MLflow (experiment
-`<experiment>-forecast`). A non-blocking check warns when the current schedule's P90 exceeds
-TRAINWISE_BUDGET_USD.
+$TRAINWISE_DATA_DIR/spot is missing). The metadata carries both tables, the deadline risk, the
+plot (inline in the markdown, and its file), and the figures also go to MLflow (experiment
+`<experiment>-forecast`). The blocking check `p90_within_budget` fails (ERROR) when a job's P90
+exceeds the published schedule's budget_usd; with no job sized it warns on the generic run's.
+The `train` launch itself is refused over budget (`trainwise.job_forecast.launch_gate`).
 """
 
 
@@ -14,10 +21,13 @@ from pathlib import Path
 
 import dagster as dg
 
+from assets.partitions import DATA_PARTITIONS
 from assets.resources import MLflowResource, StateResource
 from cloud import forecast as forecast_lib
 from cloud.policy_registry import policy_names
-from trainwise import approvals, settings
+from training.safe_files import write_atomic
+from trainwise import approvals, job_forecast, settings
+from trainwise import schedule as schedule_lib
 
 CURRENT = "current"
 
@@ -70,19 +80,69 @@ def _log_to_mlflow(mlflow: MLflowResource, rows: list[dict], plot_path: Path) ->
         return f"not logged ({type(error).__name__}: {error})"
 
 
+def job_rows(state_dir: Path, published: schedule_lib.Published, *, max_steps: int,
+             deadline_h: float, probe: bool, seed: int) -> list[dict]:
+    """One forecast per partition, on the launchpad's defaults and the published schedule; a
+    partition that cannot be sized says why."""
+    rows = []
+    for partition in DATA_PARTITIONS:
+        request = job_forecast.request_for(partition, published,
+                                           **({"max_steps": max_steps} if max_steps else {}))
+        has_data = (state_dir / "shards" / partition).is_dir()
+        try:
+            job = job_forecast.forecast_job(
+                state_dir, request, published, seed=seed, probe=probe and has_data,
+                deadline_s=deadline_h * 3600.0 if deadline_h else None)
+        except (FileNotFoundError, ValueError) as error:
+            rows.append({"partition": partition, "not_sized": str(error)[:300]})
+            continue
+        rows.append(job.row() if job is not None else {
+            "partition": partition, "not_sized": "no runs yet" + (
+                "" if has_data else f" and no shards: materialize data_shards[{partition}]")})
+    return rows
+
+
+def jobs_md(rows: list[dict], budget_usd: float) -> str:
+    head = ("| job | steps | P50 USD | P90 USD | P50 h | P90 h | deadline risk | within budget | "
+            "s per sample | sized from |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for r in rows:
+        if "not_sized" in r:
+            lines.append(f"| {r['partition']} | - | - | - | - | - | - | - | - | not sized: "
+                         f"{r['not_sized']} |")
+            continue
+        lines.append(f"| {r['partition']} | {r['steps']:.0f} | {r['p50_usd']:.2f} | "
+                     f"{r['p90_usd']:.2f} | {r['p50_h']:.2f} | {r['p90_h']:.2f} | "
+                     f"{r['deadline_risk']:.1%} | "
+                     f"{'no' if r['p90_usd'] > budget_usd else 'yes'} | {r['s_per_sample']:.3g} "
+                     f"| {r['throughput_source']}; {r['clock_source']} |")
+    return head + "\n".join(lines)
+
+
 class CostForecastConfig(dg.Config):
     log_to_mlflow: bool = True
     """Also log the figures and the plot to MLflow (experiment <experiment>-forecast)."""
     seed: int = 0
     """Seed of the start-time draw (same seed, same forecast)."""
+    max_steps: int = 0
+    """Steps of each partition's job; 0 = the launchpad's default (TrainRequest.max_steps)."""
+    deadline_h: float = 0.0
+    """Deadline of each job in hours; 0 = TRAINWISE_FORECAST_DEADLINE_H."""
+    probe: bool = True
+    """Size a partition without runs by a probe of its first steps (on its shards)."""
 
 
 @dg.asset(group_name="forecast", kinds={"python", "mlflow"})
 def cost_forecast(context: dg.AssetExecutionContext, config: CostForecastConfig,
                   state: StateResource, mlflow: MLflowResource) -> dg.MaterializeResult:
-    """P50/P90 spend and deadline risk of the next run under the current schedule, each other
-    allocation policy, and the pending schedule_change proposal (if any)."""
+    """P50/P90 spend and completion time of each registered job (its measured throughput), and
+    the generic next run under the current schedule, each other allocation policy, and the
+    pending schedule_change proposal (if any)."""
     work, deadline_s, samples = next_run()
+    published = schedule_lib.published(state.path())
+    jobs = job_rows(state.path(), published, max_steps=config.max_steps,
+                    deadline_h=config.deadline_h, probe=config.probe, seed=config.seed)
+    sized = [r for r in jobs if "p90_usd" in r]
     folder = state.path(*approvals.FOLDER)
     current = approvals.current_schedule(folder)
     scenarios = {CURRENT: scenario(current, work)}
@@ -97,19 +157,29 @@ def cost_forecast(context: dg.AssetExecutionContext, config: CostForecastConfig,
                                     seed=config.seed)
     rows = [{"label": label, "policy": scenarios[label][0], **result.row()}
             for label, result in results.items()]
-    budget = float(current["budget_usd"])  # the published schedule's (trainwise.schedule)
+    budget = float(published.schedule["budget_usd"])  # the published schedule's
     out = state.path("forecast")
     plot_path = forecast_lib.plot(results, budget, out / "cost_forecast.png")
-    (out / "cost_forecast.json").write_text(json.dumps(
-        {"rows": rows, "budget_usd": budget, "market": source.source, "schedule": current},
-        indent=2))
+    write_atomic(out / "cost_forecast.json", json.dumps(
+        {"rows": rows, "jobs": jobs, "budget_usd": budget, "market": source.source,
+         "schedule": current, "schedule_version": published.version}, indent=2).encode())
     image = base64.b64encode(plot_path.read_bytes()).decode()
     mlflow_run = _log_to_mlflow(mlflow, rows, plot_path) if config.log_to_mlflow else "off"
     head = rows[0]
     context.log.info(f"next run under the current schedule: P50 {head['p50_usd']} USD, "
                      f"P90 {head['p90_usd']} USD, deadline risk {head['deadline_risk']:.1%}")
+    for r in sized:
+        context.log.info(f"job {r['partition']}: P50 {r['p50_usd']:.2f} USD / {r['p50_h']:.2f} h,"
+                         f" P90 {r['p90_usd']:.2f} USD / {r['p90_h']:.2f} h "
+                         f"({r['throughput_source']})")
     return dg.MaterializeResult(metadata={
+        "jobs": dg.MetadataValue.md(
+            jobs_md(jobs, budget) + f"\n\nbudget {budget:g} USD (published schedule "
+            f"{published.version}); each job: the launchpad's defaults on that schedule"),
+        "jobs_max_p90_usd": max((r["p90_usd"] for r in sized), default=0.0),
+        **{f"job/{r['partition']}": dg.MetadataValue.json(r) for r in jobs},
         "forecast": dg.MetadataValue.md(
+            "generic next run (TRAINWISE_FORECAST_WORK_GPU_H) per schedule:\n\n" +
             table_md(rows) + f"\n\nbudget {budget:g} USD; market: {source.source}\n\n"
             f"![cost forecast](data:image/png;base64,{image})"),
         "plot": dg.MetadataValue.path(str(plot_path)),
@@ -121,21 +191,40 @@ def cost_forecast(context: dg.AssetExecutionContext, config: CostForecastConfig,
     })
 
 
-@dg.asset_check(asset=cost_forecast, name="p90_within_budget", blocking=False)
+@dg.asset_check(asset=cost_forecast, name="p90_within_budget", blocking=True)
 def p90_within_budget(state: StateResource) -> dg.AssetCheckResult:
-    """Warns (does not block) when the current schedule's P90 spend exceeds the budget."""
+    """Blocks (ERROR) when a registered job's forecast P90 exceeds the published schedule's
+    budget_usd; with no job sized, warns when the generic next run's P90 does."""
     path = state.path("forecast") / "cost_forecast.json"
     if not path.is_file():
         return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
                                    description="no forecast yet: materialize cost_forecast")
     saved = json.loads(path.read_text())
-    head, budget = saved["rows"][0], float(
-        approvals.current_schedule(state.path(*approvals.FOLDER))["budget_usd"])
+    published = schedule_lib.published(state.path())
+    budget = float(published.schedule["budget_usd"])
+    fix = ("fewer max_steps, a cheaper allocation policy, or raise budget_usd through "
+           "schedule_change and its approval; a launch over budget is refused unless it gives "
+           "schedule_override_reason")
+    jobs = [r for r in saved.get("jobs", []) if "p90_usd" in r]
+    if jobs:
+        over = [r for r in jobs if r["p90_usd"] > budget]
+        figures = "; ".join(f"{r['partition']} P90 {r['p90_usd']:.2f} USD "
+                            f"({r['p90_h']:.2f} h)" for r in (over or jobs))
+        return dg.AssetCheckResult(
+            passed=not over, severity=dg.AssetCheckSeverity.ERROR,
+            metadata={"budget_usd": budget, "schedule_version": published.version,
+                      "over_budget": [r["partition"] for r in over],
+                      **{f"{r['partition']}_p90_usd": r["p90_usd"] for r in jobs}},
+            description=(f"every job's P90 within the budget {budget:g} USD: {figures}"
+                         if not over else f"over the budget {budget:g} USD (budget_usd of the "
+                         f"published schedule {published.version}): {figures}. Fix: {fix}"))
+    head = saved["rows"][0]
     passed = head["p90_usd"] <= budget
     return dg.AssetCheckResult(
         passed=passed, severity=dg.AssetCheckSeverity.WARN,
         metadata={"p90_usd": head["p90_usd"], "budget_usd": budget},
-        description=(f"P90 {head['p90_usd']} USD within budget {budget:g} USD" if passed else
-                     f"P90 {head['p90_usd']} USD exceeds the budget {budget:g} USD "
-                     "(the published schedule's budget_usd): pick a cheaper schedule or raise "
-                     "the budget through schedule_change"))
+        description=(f"no job sized (no runs or shards); the generic next run's P90 "
+                     f"{head['p90_usd']} USD is within budget {budget:g} USD" if passed else
+                     f"no job sized (no runs or shards); the generic next run's P90 "
+                     f"{head['p90_usd']} USD exceeds the budget {budget:g} USD (the published "
+                     f"schedule's budget_usd): {fix}"))

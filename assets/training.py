@@ -13,7 +13,7 @@ from assets.resources import (
     StateResource,
     TelemetryStoreResource,
 )
-from trainwise import run_request, runs, settings
+from trainwise import job_forecast, run_request, runs, settings
 from trainwise import schedule as schedule_lib
 
 # The launchpad's config is the run schema itself (`trainwise.run_request.TrainRequest`), every
@@ -96,6 +96,19 @@ def checkpoint(
                      f"rule {request.checkpoint_interval_rule}")
     context.instance.add_run_tags(context.run.run_id,
                                   {"trainwise/schedule_version": request.schedule_version})
+    # -- The budget (issue 28 item 4): a launch whose forecast P90 exceeds the published
+    # schedule's budget_usd is refused unless it gives schedule_override_reason (recorded).
+    try:
+        launch = job_forecast.launch_gate(request, published, state_dir)
+    except job_forecast.BudgetExceededError as refused:
+        raise dg.Failure(description=str(refused), metadata={
+            **{k: v for k, v in refused.record.items() if k != "forecast"},
+            "forecast": dg.MetadataValue.json(refused.record["forecast"])}) from refused
+    context.log.info(launch.get("summary") or launch.get("skipped", ""))
+    if launch.get("override_reason"):
+        context.instance.add_run_tags(context.run.run_id, {
+            "trainwise/budget_override": launch["override_reason"][:250]})
+    # -- end of the budget gate.
     try:
         summary = runs.run_training(
             request,

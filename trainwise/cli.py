@@ -1,4 +1,4 @@
-"""`trainwise`: the headless entry point (demo, ui, bench, explain, settings).
+"""`trainwise`: the headless entry point (demo, ui, bench, explain, forecast, settings).
 
 Heavy imports (dagster, torch, mlflow) happen inside the subcommand that needs them, so
 `trainwise --help` and `trainwise explain` start fast.
@@ -113,6 +113,63 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _forecast_table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows)
+
+
+def _cmd_forecast(args: argparse.Namespace) -> int:
+    """P50/P90 cost and completion time of a job before launch, or of a live run's rest."""
+    from trainwise import job_forecast
+    from trainwise import schedule as schedule_lib
+
+    if args.steps < 0 or (args.deadline_h is not None and not args.deadline_h > 0):
+        raise ValueError(f"--steps {args.steps} / --deadline-h {args.deadline_h}: give at least "
+                         "1 step (0: the launchpad's default) and a deadline above 0 hours")
+    home = settings.home_dir()
+    deadline_s = None if args.deadline_h is None else args.deadline_h * 3600.0
+    head = ("", "steps", "P50 USD", "P90 USD", "P50 h", "P90 h", "deadline risk")
+    if args.run:
+        live = job_forecast.reforecast_run(home, args.run, deadline_s=deadline_s)
+        rest = live.remaining
+        rows = [head, ("so far", str(live.steps_done), f"{live.bill_so_far_usd:.2f}", "",
+                       f"{live.elapsed_h:.2f}", "", "")]
+        if rest is not None:
+            rows.append(("remaining", f"{rest.steps:.0f}", f"{rest.p50_usd:.2f}",
+                         f"{rest.p90_usd:.2f}", f"{rest.p50_h:.2f}", f"{rest.p90_h:.2f}",
+                         f"{rest.deadline_risk:.0%}"))
+        rows.append(("whole run", str(live.max_steps), f"{live.p50_usd:.2f}",
+                     f"{live.p90_usd:.2f}", f"{live.p50_h:.2f}", f"{live.p90_h:.2f}", ""))
+        print(f"run {live.run_id}: step {live.steps_done} of {live.max_steps}; bill so far from "
+              f"{live.bill_source}\n{_forecast_table(rows)}")
+        if rest is not None:
+            print(f"remaining sized from {rest.throughput_source}; {rest.clock_source}; "
+                  f"market {rest.market}; policy {rest.policy}; budget {rest.budget_usd:g} USD")
+        return 0
+    if not args.partition:
+        raise ValueError("give a PARTITION (a data set: tinyshakespeare, mnist, pystdlib) or "
+                         "--run RUN_ID of a live run")
+    from training.shards import validate_partition
+
+    validate_partition(args.partition)
+    published = schedule_lib.published(home)
+    request = job_forecast.request_for(args.partition, published,
+                                       **({"max_steps": args.steps} if args.steps else {}))
+    job = job_forecast.forecast_job(home, request, published, deadline_s=deadline_s)
+    assert job is not None  # probed when it has no runs
+    print(_forecast_table([head, (job.partition, f"{job.steps:.0f}", f"{job.p50_usd:.2f}",
+                                  f"{job.p90_usd:.2f}", f"{job.p50_h:.2f}", f"{job.p90_h:.2f}",
+                                  f"{job.deadline_risk:.0%}")]))
+    print(f"sized from {job.throughput_source} ({job.s_per_sample:.3g} s per sample); "
+          f"{job.clock_source}; market {job.market}; policy {job.policy}; deadline "
+          f"{job.deadline_h:g} h" + (f"; {job.note}" if job.note else ""))
+    verdict = ("OVER the budget: a launch is refused unless it gives schedule_override_reason"
+               if job.p90_usd > job.budget_usd else "within the budget")
+    print(f"budget {job.budget_usd:g} USD (published schedule {published.version}): P90 "
+          f"{verdict}")
+    return 0
+
+
 def _cmd_settings(_: argparse.Namespace) -> int:
     for setting in settings.SETTINGS:
         print(f"{setting.name}={settings.get(setting.name)}\n    {setting.help}")
@@ -149,6 +206,17 @@ def build_parser() -> argparse.ArgumentParser:
                          help="one screen of where every dollar of the run's bill went "
                          "(market, boots, notices, saves, waste, saving against on-demand)")
     explain.set_defaults(func=_cmd_explain)
+
+    forecast = sub.add_parser("forecast", help="P50/P90 cost and completion time of a job "
+                              "before launch (from its measured throughput), or of a live run")
+    forecast.add_argument("partition", nargs="?", default="", help="the job's data partition")
+    forecast.add_argument("--steps", type=int, default=0, help="steps of the job (default: "
+                          "the launchpad's max_steps)")
+    forecast.add_argument("--deadline-h", type=float, default=None, help="deadline in hours "
+                          "(default TRAINWISE_FORECAST_DEADLINE_H)")
+    forecast.add_argument("--run", default="", help="re-forecast this live run (its bill so "
+                          "far plus the steps left) instead")
+    forecast.set_defaults(func=_cmd_forecast)
 
     ingest = sub.add_parser("ingest", help="ingest a run's telemetry into DuckDB again (after "
                             "a run reported the ingest as pending)")

@@ -71,11 +71,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TRAINWISE_MAX_EVAL_LOSS_REGRESSION", "0.05", "schedule gate: largest rise of the "
             "eval loss (recent runs, new vs current pruning rate) a change may show"),
     Setting("TRAINWISE_BUDGET_USD", "50", "budget of the schedule (until an approved "
-            "schedule_change sets budget_usd); cost_forecast warns when the P90 spend exceeds it"),
+            "schedule_change sets budget_usd); a train launch whose forecast P90 exceeds it is "
+            "refused (schedule_override_reason overrides), and so is the p90_within_budget check"),
     Setting("TRAINWISE_FORECAST_WORK_GPU_H", "24", "work of the next run in GPU-hours (before "
             "pruning), for cost_forecast"),
     Setting("TRAINWISE_FORECAST_DEADLINE_H", "36", "deadline of the next run in hours, for "
-            "cost_forecast"),
+            "cost_forecast, the job forecast and the launch's budget gate"),
     Setting("TRAINWISE_FORECAST_SAMPLES", "64", "Monte Carlo start times per policy in "
             "cost_forecast"),
     Setting("TRAINWISE_SPOT_TRACES", "availability-1node-aws-2023-02", "spot trace folder under "
