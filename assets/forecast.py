@@ -51,6 +51,18 @@ def scenario(schedule: dict, base_work_gpu_h: float) -> tuple[str, float]:
             forecast_lib.work_for_rate(base_work_gpu_h, schedule["pruning_rate"]))
 
 
+def schedule_savings(current: dict, to: dict, state: StateResource
+                     ) -> tuple[float, dict[str, dict]]:
+    """(forecast P50 saving in USD of `to` over `current`, each scenario's forecast row): what a
+    schedule proposal records (schedule_change and the HPO search's proposal alike)."""
+    work, deadline_s, samples = next_run()
+    results = forecast_lib.forecast(
+        {"current": scenario(current, work), "proposed": scenario(to, work)},
+        deadline_s, market(state), samples=samples)
+    return (results["current"].p50_usd - results["proposed"].p50_usd,
+            {k: v.row() for k, v in results.items()})
+
+
 def table_md(rows: list[dict]) -> str:
     head = "| scenario | policy | work GPU-h | P50 USD | P90 USD | mean USD | deadline risk |\n"
     head += "|---|---|---|---|---|---|---|\n"

@@ -21,7 +21,6 @@ import dagster as dg
 
 from assets import forecast
 from assets.resources import MLflowResource, StateResource
-from cloud import forecast as forecast_lib
 from cloud.policy_registry import policy_names
 from trainwise import approvals, settings
 from trainwise import schedule as schedule_lib
@@ -118,13 +117,9 @@ def schedule_change(context: dg.AssetExecutionContext, config: ScheduleChangeCon
     if to == current:
         raise dg.Failure(f"the proposal changes nothing (current schedule {current}); set a "
                          f"field ({', '.join(_SET_FIELDS)}) or rollback_to in the run config")
-    work, deadline_s, samples = forecast.next_run()
-    results = forecast_lib.forecast(
-        {"current": forecast.scenario(current, work), "proposed": forecast.scenario(to, work)},
-        deadline_s, forecast.market(state), samples=samples)
-    savings = results["current"].p50_usd - results["proposed"].p50_usd
+    savings, forecast_rows = forecast.schedule_savings(current, to, state)
     change, evidence = _evidence(mlflow, state, current["pruning_rate"], to["pruning_rate"])
-    evidence["forecast"] = {k: v.row() for k, v in results.items()}
+    evidence["forecast"] = forecast_rows
     proposal = approvals.propose(folder, to, forecast_savings_usd=savings,
                                  eval_loss_change=change, evidence=evidence,
                                  reason=config.reason, requested_by=config.requested_by,

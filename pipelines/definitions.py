@@ -2,11 +2,12 @@
 
 import dagster as dg
 
-from assets import analytics, data, forecast, governance, policies, training
+from assets import analytics, data, forecast, governance, hpo, policies, training
 from assets.resources import launchpad_resources
 from pipelines.jobs import (
     curriculum_job,
     demo_job,
+    hpo_job,
     live_change_rule_job,
     policy_rollback_job,
     rollback_job,
@@ -20,12 +21,13 @@ from sensors.slow_policy import slow_policy_sensor
 defs = dg.Definitions(
     assets=[data.data_shards, data.difficulty_scores, data.curriculum, training.checkpoint,
             governance.schedule_change, governance.approvals_asset, forecast.cost_forecast,
-            analytics.telemetry, analytics.dbt_models, *policies.POLICY_DEFS["assets"]],
+            analytics.telemetry, analytics.dbt_models, hpo.hpo_study,
+            *policies.POLICY_DEFS["assets"]],
     asset_checks=[data.curriculum_coverage, governance.schedule_approved,
                   forecast.p90_within_budget, *policies.POLICY_DEFS["asset_checks"]],
     jobs=[demo_job, train_job, curriculum_job, rollback_job, policy_rollback_job, live_change_rule_job,
           run_decision_job,
-          schedule_propose_job, schedule_approve_job, *policies.POLICY_DEFS["jobs"]],
+          schedule_propose_job, schedule_approve_job, hpo_job, *policies.POLICY_DEFS["jobs"]],
     schedules=policies.POLICY_DEFS["schedules"],
     sensors=[slow_policy_sensor],
     resources=launchpad_resources(),

@@ -82,3 +82,15 @@ def run_demo(partition: str = "", max_steps: int = 300) -> str:
             f"{_failure_messages(result) or 'no step reported an error'}")
     summary = RunSummary.from_metadata(materializations[-1].metadata)
     return summary.report(wall_s=time.monotonic() - started, dagster_run_id=result.run_id)
+
+
+def run_hpo_search(partition: str, study_config: dict, *, ephemeral: bool = True) -> dict:
+    """The `hpo_search` job in-process for `partition` (what `benchmarks.hpo` measures: the
+    product's own job, not a copy of it); returns the `hpo_study` materialization's metadata as
+    plain values. Raises when the run fails."""
+    instance = dg.DagsterInstance.ephemeral() if ephemeral else dg.DagsterInstance.get()
+    result = defs.resolve_job_def("hpo_search").execute_in_process(
+        partition_key=partition, instance=instance, raise_on_error=True,
+        run_config={"ops": {"hpo_study": {"config": study_config}}})
+    [materialization] = result.asset_materializations_for_node("hpo_study")
+    return {key: getattr(value, "value", value) for key, value in materialization.metadata.items()}

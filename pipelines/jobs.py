@@ -122,3 +122,13 @@ schedule_approve_job = dg.define_asset_job(
     description="Approve the current proposal (run config: ops.approvals.config.approver, "
                 "content_hash, comment); the gate then runs and publishes it if it passes.",
 )
+
+# ---- cost-aware hyperparameter search (assets/hpo.py); its proposal waits for schedule_approve ----
+
+hpo_job = dg.define_asset_job(
+    "hpo_search",
+    selection=dg.AssetSelection.assets("hpo_study"),
+    description="Search the train job's hyperparameters and schedule knobs with Optuna (trials "
+                "are real runs, pruned by ASHA); the chosen schedule becomes a proposal that "
+                "schedule_approve gates.",
+)

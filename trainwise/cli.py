@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cost | cost_bound | cost_two_zone_floor | cost_mismatch | controller | fast_layer | "
         "data | emulated | faults | cant_be_late | cant_be_late_trainwise | "
         "cant_be_late_ceiling | stragglers_ddp | "
-        "time_to_quality | rl | rl_retraining | ingestion | fidelity | end_to_end | all"))
+        "time_to_quality | rl | rl_retraining | ingestion | fidelity | end_to_end | hpo | all"))
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the suite")
     bench.set_defaults(func=_cmd_bench)
 
