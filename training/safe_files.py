@@ -171,3 +171,18 @@ def read_small(path: str | Path, limit_bytes: int) -> bytes:
         return os.pread(handle, limit_bytes, 0)
     finally:
         os.close(handle)
+
+
+def save_figure_atomic(figure, path: str | Path, dpi: int = 100) -> Path:
+    """A matplotlib figure as PNG, rendered into memory and renamed into place: savefig(path)
+    would open the predictable name plainly, following a link planted there (issue 31, class 2).
+    The figure is closed."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    image = io.BytesIO()
+    figure.savefig(image, format="png", dpi=dpi)
+    plt.close(figure)
+    write_atomic(path, image.getvalue())
+    return Path(path)

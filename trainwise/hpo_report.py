@@ -12,13 +12,12 @@
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from pathlib import Path
 from typing import Any
 
-from training.safe_files import write_atomic
+from training.safe_files import save_figure_atomic, write_atomic
 from trainwise import approvals
 from trainwise import schedule as schedule_lib
 from trainwise.hpo_space import SCHEDULE_KNOBS, TRAINING_KNOBS
@@ -213,11 +212,7 @@ def plot_front(res: dict[str, Any], path: Path) -> Path:
     axis.grid(alpha=0.3)
     axis.legend(fontsize=7)
     figure.tight_layout()
-    image = io.BytesIO()
-    figure.savefig(image, format="png", dpi=100)
-    plt.close(figure)
-    write_atomic(path, image.getvalue())
-    return path
+    return save_figure_atomic(figure, path)
 
 
 def _clean(value: Any) -> Any:

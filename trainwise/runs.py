@@ -27,7 +27,6 @@ The `checkpoint` asset and the tests call `run_training`. In order:
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import time
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from controllers.fast_types import FastPolicy, NoOpFastPolicy
-from training.safe_files import write_atomic
+from training.safe_files import save_figure_atomic, write_atomic
 from trainwise import guard_reference, mlflow_live, preflight, settings, tracking
 from trainwise.object_store import ObjectStore
 
@@ -241,13 +240,7 @@ def plot_cost_vs_loss(events: list[dict[str, Any]], path: Path) -> Path | None:
     axis.set_title("eval loss vs cost")
     axis.grid(alpha=0.3)
     figure.tight_layout()
-    # Into memory, then renamed into the run folder: savefig(path) opens the predictable name
-    # plainly, following a link planted there (issue 31, class 2).
-    image = io.BytesIO()
-    figure.savefig(image, format="png", dpi=100)
-    plt.close(figure)
-    write_atomic(path, image.getvalue())
-    return path
+    return save_figure_atomic(figure, path)
 
 
 def _mlflow_params(request: TrainRequest, config: Any, data_fingerprint: str, curriculum: Any,
