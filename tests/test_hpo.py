@@ -97,6 +97,10 @@ def test_a_small_search_trains_prunes_fronts_and_proposes_through_the_gate(home,
 
     # MLflow: each run's bill and eval loss, grouped under the study's run.
     logged = {run.info.run_id: run for run in _mlflow_runs(STUDY)}
+    from mlflow.tracking import MlflowClient
+
+    # Trials are not models a user trained: none becomes a registered model version.
+    assert MlflowClient(tracking_uri=settings.mlflow_uri()).search_model_versions() == []
     parent = study["mlflow_parent_run_id"]
     assert parent in logged and logged[parent].data.tags[hpo_report.ROLE_TAG] == "study"
     for record in records:

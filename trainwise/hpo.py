@@ -240,7 +240,7 @@ def train(ctx: _Context, params: dict[str, Any], steps: int, run_id: str, *, rol
                 summary = runs.run_training(
                     request, state_dir=ctx.trial_state, tracking_uri=ctx.services.tracking_uri,
                     experiment=ctx.experiment, store=ctx.services.store,
-                    duckdb_path=ctx.services.duckdb_path)
+                    duckdb_path=ctx.services.duckdb_path, register_model=False)
             except runs.RunInterruptedError as stopped:
                 summary_rows.append((stopped.summary.metadata(), _bill_usd(run_dir)))
                 ctx.log(f"{run_id} interrupted at step {stopped.summary.steps} "

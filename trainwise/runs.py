@@ -574,8 +574,13 @@ def run_training(
     fast_policy: FastPolicy | None = None,
     allocation_policy: Any = None,
     replay: Any = None,
+    register_model: bool = True,
 ) -> RunSummary:
     """Trains (or resumes) one run; see the module docstring for the order of things.
+
+    `register_model`: a completed run's checkpoint becomes a version of the registered model
+    `trainwise-<partition>`; a search's trials (trainwise.hpo) pass False, so the registry
+    holds models a user trained, not every trial.
 
     Raises ValueError (a bad request, nothing written), `preflight.PreflightError` (a path or
     service is not usable, nothing trained) or `RunInterruptedError` (training did not complete;
@@ -844,7 +849,8 @@ def run_training(
                 artifacts=[p for p in (plot, request_path, cost_table) if p is not None],
                 decisions_path=run_dir / mlflow_live.DECISIONS_NAME,
                 model=mlflow_live.ModelToRegister(mlflow_live.model_name(request.partition),
-                                                  checkpoint_path, checkpoint_tags))
+                                                  checkpoint_path, checkpoint_tags)
+                if register_model else None)
             mlflow_where = tracking.run_url(tracking_uri, mlflow_run_id)
         except Exception as error:  # noqa: BLE001 - the trained checkpoint outlives MLflow
             mlflow_run_id = live.run_id or ""
