@@ -21,6 +21,16 @@ train_job = dg.define_asset_job(
     description="Train from the current (published) curriculum and record cost vs eval loss.",
 )
 
+# Named apart from its asset (Dagster refuses a job and an asset of one name): what a launch
+# would cost, before it is launched, and the budget check that blocks an over-budget one.
+forecast_job = dg.define_asset_job(
+    "forecast",
+    selection=dg.AssetSelection.assets("cost_forecast"),
+    description="Forecast P50/P90 cost and hours of each partition's job from its measured "
+                "throughput (and the schedule's policies) before a launch; p90_within_budget "
+                "blocks when a P90 exceeds the published schedule's budget.",
+)
+
 curriculum_job = dg.define_asset_job(
     "curriculum_refresh",
     selection=dg.AssetSelection.assets("difficulty_scores", "curriculum"),

@@ -2,7 +2,9 @@
 by Playwright against the Dagster webserver and daemon that `make ui` starts.
 
 One UI for the module, steps in order, as a person does them: see the asset graph; launch
-`demo` for a partition from the Launchpad and see it succeed; open that run in the MLflow UI
+`demo` for a partition from the Launchpad and see it succeed; launch `forecast` and see that
+partition's job forecast (P50/P90 USD and hours from the demo run's throughput) and its budget
+check pass before any launch; open that run in the MLflow UI
 (`mlflow server` over the sqlite store the UI's runs wrote) with its eval loss and cost; see its
 cost in Prometheus's own graph page (Debian's `prometheus` scraping `telemetry.prometheus`);
 propose a schedule change and see its blocking gate `schedule_approved` fail (no approval);
@@ -163,6 +165,25 @@ def test_demo_launched_for_a_partition_from_the_launchpad_succeeds(browser_ui):
     seen["first_curriculum"] = found.group(1)
     assert list((state / "objects" / "checkpoints" / PARTITION / run_id).rglob("*.pt"))
     seen["demo_run"] = run_id
+
+
+@pytest.mark.timeout(900)
+def test_the_forecast_of_the_partitions_job_is_shown_before_a_launch(browser_ui):
+    page, url, state, seen = browser_ui
+    _needs(seen, "demo_run", "demo launched for a partition")
+    config = (IN_PROCESS + "ops:\n  cost_forecast:\n    config:\n      log_to_mlflow: false\n"
+              "      max_steps: 4\n")
+    run_id = _run(page, url, state, "forecast", config, "SUCCESS", shot="02b-forecast")
+    bs.run_page_text(page, "Check p90_within_budget succeeded", "02b-forecast-check-passes")
+    text = bs.run_page_text(page, f"job {PARTITION}: P50", "02b-forecast-of-the-job")
+    # Sized from the demo run's measured throughput, before anything is launched.
+    found = re.search(rf"job {PARTITION}: P50 ([0-9.]+) USD / ([0-9.]+) h, P90 ([0-9.]+) USD",
+                      text)
+    assert found, f"no forecast of the {PARTITION} job on the run page of {run_id}"
+    saved = json.loads((state / "forecast" / "cost_forecast.json").read_text())
+    [job] = [r for r in saved["jobs"] if r["partition"] == PARTITION]
+    assert f"{job['p90_usd']:.2f}" == found.group(3) and job["p90_usd"] <= saved["budget_usd"]
+    assert "runs" in job["throughput_source"] and seen["demo_run"] in job["throughput_source"]
 
 
 @pytest.mark.timeout(300)
