@@ -30,7 +30,8 @@ from trainwise import settings, slow_tick
 MIN_RATE_CHANGE = 0.05
 
 
-@dg.sensor(jobs=[curriculum_job, run_decision_job], minimum_interval_seconds=300,
+@dg.sensor(jobs=[curriculum_job, run_decision_job],
+           minimum_interval_seconds=settings.sensor_interval_s(),
            default_status=dg.DefaultSensorStatus.STOPPED)
 def slow_policy_sensor(context: dg.SensorEvaluationContext):
     """Slow layer: re-decides the pruning rate from live telemetry; proposes a new curriculum

@@ -50,7 +50,9 @@ IN_PROCESS = "execution:\n  config:\n    in_process: {}\n"
 NEW_POLICY = "skypilot_failover"
 # Small and fast: the embedded-size forecast (as tests/test_approvals.py) and an allocation-only
 # change (its eval-loss change is 0 by construction) whose savings clear the minimum.
-UI_ENV = {"TRAINWISE_FORECAST_WORK_GPU_H": "2", "TRAINWISE_FORECAST_DEADLINE_H": "4",
+# The daemon's sensor ticks every 10 s here (300 s by default), so a live switch is seen in minutes.
+UI_ENV = {"TRAINWISE_SENSOR_INTERVAL_S": "10",
+          "TRAINWISE_FORECAST_WORK_GPU_H": "2", "TRAINWISE_FORECAST_DEADLINE_H": "4",
           "TRAINWISE_FORECAST_SAMPLES": "4", "TRAINWISE_MIN_FORECAST_SAVINGS_USD": "-1000"}
 RUN_TIMEOUT_S = 600
 HASH = re.compile(r"proposal ([0-9a-f]{16}) blocked")
@@ -418,3 +420,87 @@ def test_policy_rollback_from_the_launchpad_restores_the_previous_champion(brows
         record = rl_gate.read_history("fast", REGION)[-1]
     assert record["event"] == "rollback" and (record["from"], record["to"]) == ("v2", "v1")
     assert record["requested_by"] == "ada"
+
+
+SENSOR = {"repositoryLocationName": bs.LOCATION, "repositoryName": "__repository__",
+          "sensorName": "slow_policy_sensor"}
+START_SENSOR = """mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) { __typename
+  ... on Sensor { id } ... on PythonError { message } } }"""
+STOP_SENSOR = """mutation($id: String!) { stopSensor(id: $id) { __typename
+  ... on PythonError { message } } }"""
+TERMINATE = """mutation($runId: String!) { terminateRun(runId: $runId) { __typename } }"""
+STEERED = """query($tag: String!) { runsOrError(filter: {tags: [{key: "trainwise/steered_run",
+  value: $tag}]}) { ... on Runs { results { runId jobName } } } }"""
+
+
+def _fast_decisions(state, run_id: str) -> list[dict]:
+    from telemetry.reader import read_run_events
+
+    folder = state / "runs" / run_id / "telemetry" / run_id
+    if not folder.is_dir():
+        return []
+    try:
+        return [e for e in read_run_events(folder) if e["type"] == "decision"
+                and e["layer"] == "fast"]
+    except ValueError:  # a segment being sealed right now: read again on the next poll
+        return []
+
+
+def _poll(predicate, what: str, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(2)
+    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+@pytest.mark.timeout(1200)
+def test_an_approved_change_switches_the_running_job_at_the_sensors_next_tick(browser_ui):
+    """The daemon's sensor (started here, ticking every 10 s) hands an approved schedule to a
+    train run that is still training: its fast decisions switch from the heuristic on the old
+    version to noop on the new one, through a recorded apply_run_decision run."""
+    page, url, state, _ = browser_ui
+    from trainwise import schedule as schedule_lib
+
+    folder = state / "governance" / "schedule"
+    before = schedule_lib.version_of(approvals.current_schedule(folder))
+    # Long enough to be live through the approval; over the budget, so it says why it may run.
+    config = (IN_PROCESS + "ops:\n  checkpoint:\n    config:\n      max_steps: 20000\n"
+              "      schedule_override_reason: browser test, a run long enough to switch live\n")
+    run_id = bs.launch_from_launchpad(page, url, "train", config, PARTITION, shot="09-live-train")
+    sensor_id = ""
+    try:
+        _poll(lambda: [d for d in _fast_decisions(state, run_id)
+                       if d["schedule_version"] == before], "the run's first fast decisions", 300)
+        started = bs.graphql(url, START_SENSOR, {"s": SENSOR})["startSensor"]
+        assert started["__typename"] == "Sensor", started
+        sensor_id = started["id"]
+        propose = (IN_PROCESS + "ops:\n  schedule_change:\n    config:\n      fast_policy: noop\n"
+                   "      reason: the heuristic's batch changes are not paying\n")
+        _run(page, url, state, "schedule_propose", propose, "FAILURE", shot="09-live-propose")
+        text = bs.run_page_text(page, "Check schedule_approved failed", "09-live-blocked")
+        content_hash = HASH.search(text).group(1)
+        approve = (IN_PROCESS + "ops:\n  approvals:\n    config:\n      approver: ada\n"
+                   f"      content_hash: '{content_hash}'\n      comment: switch it live\n")
+        _run(page, url, state, "schedule_approve", approve, "SUCCESS", shot="09-live-approve")
+        after = schedule_lib.version_of(approvals.current_schedule(folder))
+        assert after != before
+        switched = _poll(lambda: [d for d in _fast_decisions(state, run_id)
+                                  if d["schedule_version"] == after], "the live switch", 420)
+        assert {d["policy"] for d in switched} == {"noop"}
+        assert bs.graphql(url, bs.STATUS, {"runId": run_id})["runOrError"]["status"] == "STARTED"
+        # The hand-over is a recorded run the UI lists, tagged with the run it steered (the
+        # sensor's curriculum refreshes for the run carry the tag too).
+        steered = bs.graphql(url, STEERED, {"tag": run_id})["runsOrError"]["results"]
+        handed = [r for r in steered if r["jobName"] == "apply_run_decision"]
+        assert handed, f"no apply_run_decision run tagged with {run_id}: {steered}"
+        page.goto(f"{url}/runs/{handed[-1]['runId']}")
+        bs.screenshot(page, "09-live-handover-run")
+    finally:
+        if sensor_id:
+            bs.graphql(url, STOP_SENSOR, {"id": sensor_id})
+        bs.graphql(url, TERMINATE, {"runId": run_id})
+        bs.wait_for_run(page, url, run_id, 120)
+

@@ -66,6 +66,9 @@ SETTINGS: tuple[Setting, ...] = (
             "changes (the Dagster run's user tag, else the typed name); empty = anyone"),
     Setting("TRAINWISE_REQUIRE_VERIFIED_APPROVER", "0", "1 = refuse an approval whose run has no "
             "Dagster user tag (set by Dagster+ or the authenticating proxy deployment)"),
+    Setting("TRAINWISE_SENSOR_INTERVAL_S", "300", "least seconds between two ticks of the "
+            "slow-policy sensor in the daemon (how soon a live run meets a decision or an "
+            "approved schedule)"),
     Setting("TRAINWISE_MIN_FORECAST_SAVINGS_USD", "0", "schedule gate: least forecast P50 "
             "savings (USD per run) a schedule change must show"),
     Setting("TRAINWISE_MAX_EVAL_LOSS_REGRESSION", "0.05", "schedule gate: largest rise of the "
@@ -162,6 +165,11 @@ def min_forecast_savings_usd() -> float:
 def max_eval_loss_regression() -> float:
     """TRAINWISE_MAX_EVAL_LOSS_REGRESSION: the schedule gate's largest eval-loss rise, >= 0."""
     return get_float("TRAINWISE_MAX_EVAL_LOSS_REGRESSION", 0.0)
+
+
+def sensor_interval_s() -> int:
+    """TRAINWISE_SENSOR_INTERVAL_S: the slow-policy sensor's minimum interval, 5 s to 1 day."""
+    return get_int("TRAINWISE_SENSOR_INTERVAL_S", 5, 86_400)
 
 
 def budget_usd() -> float:
