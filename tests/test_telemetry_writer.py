@@ -9,6 +9,7 @@ import pytest
 
 from telemetry.events import (
     EVENT_TYPES,
+    BillEvent,
     DecisionEvent,
     StepEvent,
     event_from_record,
@@ -111,6 +112,10 @@ def test_records_are_strict_json_and_round_trip():
     )
     assert to_record(decision)["numbers"] == {"x": None}
     assert set(EVENT_TYPES) == {"run_start", "step", "eval", "checkpoint", "decision",
-                                "preemption", "run_end"}
+                                "preemption", "run_end", "bill"}
+    bill = BillEvent(run_id="r", rank=1000, step=4, bill_usd=1.25, provider="emulated",
+                     provider_time_s=math.nan, spot_share=0.5, nodes_held=1)
+    assert to_record(bill)["provider_time_s"] is None and event_from_record(
+        json.loads(json.dumps(to_record(bill), allow_nan=False))).bill_usd == 1.25
     with pytest.raises(ValueError, match="unknown type"):
         event_from_record({"type": "nope"})
