@@ -120,6 +120,9 @@ def test_a_job_without_runs_is_probed_and_its_run_then_sizes_it(home):
     bill = json.loads((home / "runs" / "run-a" / "gang.json").read_text())["cost_usd"]
     assert live.steps_done == 6 and live.remaining is None
     assert live.p50_usd == live.p90_usd == pytest.approx(bill)
+    # Read from the bill the provider's holder wrote into the telemetry, not extrapolated.
+    assert live.bill_so_far_usd == pytest.approx(bill)
+    assert live.bill_source == "the provider's bill (final)"
 
 
 def _live(state, run_id, done, max_steps=1000, step_ms=36_000.0):

@@ -310,10 +310,22 @@ def _live_clock(gang: dict[str, Any] | None, request: Any) -> tuple[float, str]:
 
 def _bill_so_far(run_dir: Path, records: list[dict[str, Any]], request: Any,
                  clock: tuple[float, str]) -> tuple[float, float, str]:
-    """(USD billed so far, provider seconds gone, where the bill came from)."""
-    from trainwise.gang import read_gang
+    """(USD billed so far, provider seconds gone, where the bill came from): the newest bill
+    record the nodes' holder wrote into the telemetry (`telemetry.bill`, at most a wall second
+    old); a run written before bills were recorded falls back to gang.json."""
+    from telemetry.bill import bills
+    from telemetry.reader import read_run
+    from trainwise.gang import PROVIDER_RANK, read_gang
     from trainwise.runs import OUTCOME_NAME
 
+    telemetry = run_dir / "telemetry" / run_dir.name
+    recorded = bills(read_run(telemetry, rank=PROVIDER_RANK, warn=False).records
+                     if telemetry.is_dir() else [])
+    if recorded:
+        last = recorded[-1]
+        return (float(last["bill_usd"]), float(last.get("provider_time_s") or 0.0),
+                "the provider's bill" + (" (final)" if last.get("final") else
+                                         f" at step {last['step']} (telemetry)"))
     gang = read_gang(run_dir) or {}
     last_wall = max((r["wall_time_s"] for r in records), default=time.time())
     if gang.get("cost_usd") is None:
