@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cloud import forecast as forecast_lib
+from cloud import prices
 from trainwise import settings
 
 PROBE_STEPS = 3  # trainer steps of a probe (the first is warm-up), one evaluation at the end
@@ -211,6 +212,10 @@ class JobForecast:
 
 
 def market_for(request: Any) -> forecast_lib.MarketSource:
+    # A type no price table lists is the user's typo, not a gap in the traces: name the
+    # valid types before looking for a zone that has it.
+    if request.instance_type:
+        prices.instance_type(request.instance_type)
     return forecast_lib.load_market(settings.data_dir() / "spot",
                                     settings.get("TRAINWISE_SPOT_TRACES"),
                                     request.instance_type or forecast_lib.DEFAULT_INSTANCE,
