@@ -26,6 +26,7 @@ SUITES = {
     "fidelity": "benchmarks.fidelity",
     "end_to_end": "benchmarks.end_to_end",
     "hpo": "benchmarks.hpo",
+    "sdk_overhead": "benchmarks.sdk_overhead",
 }
 
 

@@ -307,3 +307,41 @@ def test_sampler_order_resumes_exactly_mid_epoch():
     assert taken + list(again) == whole
     assert sorted(i for batch in whole for i in batch) == list(range(50))
     assert list(ResumableBatchSampler(50, 8, seed=5)) != whole  # the seed sets the order
+
+
+# -- where the job runs --------------------------------------------------------------------------
+
+def test_placement_on_a_machine_without_a_gpu(tmp_path):
+    from trainwise.sdk import device
+
+    if torch.cuda.is_available():
+        pytest.skip("this test is about a machine without a GPU")
+    run = _run(tmp_path)
+    assert run.device.type == "cpu" and run.placement.precision == "fp32"
+    with run.autocast():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+    bf16 = device.choose("cpu", "bf16")
+    with bf16.autocast():
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
+    assert not bf16.grad_scaler().is_enabled()
+    with pytest.raises(RunSpecError, match="sees no GPU here.*use device 'auto' or 'cpu'"):
+        _run(tmp_path, device="cuda")
+    with pytest.raises(RunSpecError, match="'fp16' needs a GPU"):
+        _run(tmp_path, precision="fp16")
+    try:
+        assert device.choose(cpu_threads=2).cpu_threads == 2
+    finally:
+        torch.set_num_threads(1)
+
+
+def test_to_device_keeps_the_shape_of_the_batch():
+    from collections import namedtuple
+
+    from trainwise.sdk import device
+
+    Pair = namedtuple("Pair", "x y")
+    placement = device.choose("cpu")
+    batch = {"ids": torch.arange(3), "pair": Pair(torch.zeros(1), [torch.ones(1), "text"])}
+    moved = placement.to_device(batch)
+    assert isinstance(moved["pair"], Pair) and moved["pair"].y[1] == "text"
+    assert torch.equal(moved["ids"], torch.arange(3))

@@ -57,6 +57,7 @@ from training import checkpoint as ckpt
 from training._checkpoint_trust import RunIdentity
 from training.consumption import ConsumptionWriter, consumption_path
 from training.safe_files import write_atomic
+from trainwise.sdk import device as sdk_device
 from trainwise.sdk import state as sdk_state
 from trainwise.sdk.data import DataChangedError, ResumableBatchSampler, TrackedLoader, ids_fingerprint
 from trainwise.sdk.spec import RunSpec, RunSpecError, resolve_spec
@@ -116,6 +117,10 @@ class Run:
             raise RunSpecError("trainwise.init(): the fast layer cannot act here: "
                                + "; ".join(refused))
         self.run_id, self.rank = spec.run_id, spec.rank
+        try:
+            self.placement = sdk_device.choose(spec.device, spec.precision, spec.cpu_threads)
+        except sdk_device.DeviceError as error:
+            raise RunSpecError(f"trainwise.init(): {error}") from error
         spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         ckpt.clean_orphaned_temp_files(spec.checkpoint_dir)
         self.store = self._open_store()
@@ -128,6 +133,9 @@ class Run:
         self._optimizer: torch.optim.Optimizer | None = None
         self._scheduler: Any = None
         self._extra: dict[str, Any] = {}
+        # name -> provider() of an integration's own state (Lightning's loop progress), saved
+        # in every checkpoint beside the tracked objects; see keep_state
+        self._kept_state: dict[str, Any] = {}
         self._loader: TrackedLoader | None = None
         self._data_fingerprint = ""
         self._elapsed_before_s = 0.0
@@ -216,6 +224,42 @@ class Run:
         return self._resume is not None
 
     # -- what the user's script calls ------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """The device the job trains on (`trainwise.sdk.device`): move the model there."""
+        return self.placement.device
+
+    def autocast(self) -> Any:
+        """The forward pass's mixed-precision context (a no-op at fp32)."""
+        return self.placement.autocast()
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        """A GradScaler, enabled only under fp16 autocast."""
+        return self.placement.grad_scaler()
+
+    def to_device(self, batch: Any) -> Any:
+        """`batch` (tensors in dicts, lists, tuples) on the run's device, non-blocking."""
+        return self.placement.to_device(batch)
+
+    def dataset(self, split: str = "train") -> Any:
+        """The registered dataset the launcher named (its data_shards partition, checked
+        against its manifest) as a `datasets.Dataset` with `example_id`; split "train", "eval"
+        or "all"."""
+        if self.spec.dataset_dir is None:
+            raise RunSpecError("run.dataset(): this run names no dataset (a registered job's "
+                               "launcher sets dataset_dir); load your data yourself, or launch "
+                               "the job from its project file")
+        if split not in ("train", "eval", "all"):
+            raise RunSpecError(f"run.dataset(split={split!r}): use train, eval or all")
+        from training.user_datasets import load_user_shards  # datasets: loaded when asked
+
+        rows = load_user_shards(Path(self.spec.dataset_dir))
+        if split == "all":
+            return rows
+        wanted = split == "eval"
+        return rows.filter(lambda flags: [bool(f) == wanted for f in flags],
+                           input_columns="is_eval", batched=True)
+
     def dataloader(self, dataset: Any, batch_size: int, *, shuffle: bool = True,
                    drop_last: bool = False, select: Any = None, collate_fn: Any = None,
                    num_workers: int = 0, pin_memory: bool | None = None,
@@ -299,6 +343,15 @@ class Run:
             sdk_state.restore_rng(self._resume["state"]["rng"])
         self._rng_restored = True
 
+    def keep_state(self, name: str, provide: Any) -> Any:
+        """An integration's own state in every checkpoint under `name`: `provide()` (tensors and
+        plain data) is called at each save. Returns what the resumed checkpoint kept under `name`
+        (None on a fresh run, or when it kept nothing there)."""
+        self._kept_state[name] = provide
+        if self._resume is None:
+            return None
+        return (self._resume["state"].get("kept_state") or {}).get(name)
+
     @property
     def extra(self) -> dict[str, Any]:
         """Plain data the job keeps in its checkpoints (restored on a resume)."""
@@ -379,6 +432,7 @@ class Run:
             "scheduler": self._scheduler.state_dict() if self._scheduler is not None else None,
             "sampler": self._loader.state_dict() if self._loader is not None else None,
             "rng": sdk_state.capture_rng(), "extra": self._extra,
+            "kept_state": {name: provide() for name, provide in self._kept_state.items()},
             "samples_seen": self.samples_seen, "tokens_seen": self.tokens_seen,
             "elapsed_s": self.elapsed_s(),
         }
@@ -516,7 +570,8 @@ class Run:
             train_config={"seed": self.spec.seed, "max_steps": self.spec.max_steps,
                           "framework": self.capabilities.framework,
                           "fast_policy": self.spec.fast_policy,
-                          "checkpoint_every_steps": self.spec.checkpoint_every_steps},
+                          "checkpoint_every_steps": self.spec.checkpoint_every_steps,
+                          **self.placement.record()},
             data_fingerprint=self._data_fingerprint, curriculum_version=None,
             instance_type=self.spec.instance_type,
             price_usd_per_hour=self.spec.price_usd_per_hour,

@@ -51,6 +51,13 @@ class RunSpec:
     price_usd_per_hour: float = 0.0
     rank: int = 0
     world_size: int = 1
+    # The registered dataset's published shards (its data_shards partition); run.dataset().
+    dataset_dir: str | None = None
+    # Where it runs (trainwise.sdk.device): auto = CUDA when present; auto precision = bf16 or
+    # fp16 autocast on a GPU, fp32 on the CPU; cpu_threads None = torch's default (every core).
+    device: str = "auto"
+    precision: str = "auto"
+    cpu_threads: int | None = None
 
     def __post_init__(self) -> None:
         for name in _PATH_FIELDS:  # a Path given for a folder is kept as the text a file holds
@@ -76,14 +83,15 @@ class RunSpec:
         return {"format": SPEC_FORMAT, **data}
 
 
-_PATH_FIELDS = ("run_dir", "store_root", "notice_file")
+_PATH_FIELDS = ("run_dir", "store_root", "notice_file", "dataset_dir")
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "run_id": (str,), "run_dir": (str,), "max_steps": (int, type(None)), "seed": (int,),
     "checkpoint_every_steps": (int, type(None)), "keep_checkpoints": (int,),
     "fast_every_steps": (int,), "fast_policy": (str,), "fast_levers": (list, tuple),
     "store_root": (str, type(None)), "store_prefix": (str,), "notice_file": (str, type(None)),
     "notice_s": (int, float), "schedule_version": (str,), "instance_type": (str,),
-    "price_usd_per_hour": (int, float), "rank": (int,), "world_size": (int,),
+    "price_usd_per_hour": (int, float), "rank": (int,), "world_size": (int,), "dataset_dir": (str, type(None)),
+    "device": (str,), "precision": (str,), "cpu_threads": (int, type(None)),
 }
 
 
