@@ -10,13 +10,14 @@ check is executable alone from the UI for one partition, a range, or none (all p
 """
 import json
 import warnings
+from collections.abc import Mapping
 
 import dagster as dg
 
-from assets.partitions import DATA_PARTITIONS, data_partitions
+from assets.partitions import DATA_PARTITIONS, USER_DATASETS, data_partitions, require_builtin
 from assets.resources import StateResource
 from training import curriculum as curriculum_lib
-from training import scoring, shards
+from training import scoring, shards, user_datasets
 from trainwise import schedule as schedule_lib
 from trainwise import slow_tick
 
@@ -38,12 +39,32 @@ class CurriculumConfig(dg.Config):
     """A running job to hand the new pruning rate to once the gate passes (set by the sensor)."""
 
 
-@dg.asset(partitions_def=data_partitions, group_name="data", kinds={"parquet"})
-def data_shards(context: dg.AssetExecutionContext, state: StateResource) -> dg.MaterializeResult:
-    """Parquet shards of one data set, written atomically, with a held-out eval split."""
-    partition = context.partition_key
-    manifest = shards.build_shards(partition, state.data_dir(), state.path("shards", partition))
-    return dg.MaterializeResult(metadata=shards.manifest_metadata(manifest))
+def data_shards_asset(partitions_def: dg.PartitionsDefinition,
+                      registered: Mapping[str, user_datasets.DatasetSpec]) -> dg.AssetsDefinition:
+    """`data_shards` over `partitions_def`, building the partitions named in `registered` (the
+    project file's datasets) with `build_user_shards` and the others as built-ins. A factory
+    because the module's partitions are read once, when the code location loads: a test builds
+    the asset from a project file of its own the same way."""
+
+    @dg.asset(name="data_shards", partitions_def=partitions_def, group_name="data",
+              kinds={"parquet"})
+    def data_shards(context: dg.AssetExecutionContext, state: StateResource) -> dg.MaterializeResult:
+        """Parquet shards of one data set, written atomically, with a held-out eval split."""
+        partition = context.partition_key
+        if partition in registered:
+            try:
+                built = user_datasets.build_user_shards(registered[partition],
+                                                        state.path("shards", partition))
+            except (FileNotFoundError, ValueError) as error:  # the data's fault: say what to fix
+                raise dg.Failure(description=str(error)) from error
+            return dg.MaterializeResult(metadata=built.metadata())
+        manifest = shards.build_shards(partition, state.data_dir(), state.path("shards", partition))
+        return dg.MaterializeResult(metadata=shards.manifest_metadata(manifest))
+
+    return data_shards
+
+
+data_shards = data_shards_asset(data_partitions, USER_DATASETS)
 
 
 @dg.asset(partitions_def=data_partitions, group_name="data", deps=[data_shards])
@@ -52,6 +73,7 @@ def difficulty_scores(
 ) -> dg.MaterializeResult:
     """Per-example loss under a small reference model (the data's difficulty)."""
     partition = context.partition_key
+    require_builtin(partition, "difficulty_scores")
     examples = shards.load_shards(state.path("shards", partition))
     table = scoring.difficulty_scores(examples)
     scoring.write_scores(table, state.path("scores", partition))
@@ -65,6 +87,7 @@ def curriculum(
     """A candidate curriculum version (kept examples and loss weights); it becomes the one
     training reads only when `curriculum_coverage` passes."""
     partition = context.partition_key
+    require_builtin(partition, "curriculum")
     folder = state.path("curricula", partition)
     requested_by = config.requested_by or context.run.tags.get("trainwise/layer", "") or "ui"
     if config.restore_version:

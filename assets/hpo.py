@@ -16,7 +16,7 @@ import dagster as dg
 
 from assets import forecast
 from assets.data import curriculum
-from assets.partitions import data_partitions
+from assets.partitions import data_partitions, require_builtin
 from assets.resources import (
     MLflowResource,
     ObjectStoreResource,
@@ -158,6 +158,7 @@ def hpo_study(context: dg.AssetExecutionContext, config: HpoSearchConfig, state:
               telemetry_store: TelemetryStoreResource) -> dg.MaterializeResult:
     """A cost-aware search of the train job: trials as real runs, the cost/eval-loss front,
     and the chosen schedule knobs as a proposal for the schedule_approved gate."""
+    require_builtin(context.partition_key, "hpo_study")
     try:
         spec = spec_of(config, context.partition_key, context.run.run_id)
     except hpo.HpoError as error:

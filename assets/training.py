@@ -6,7 +6,7 @@ import dagster as dg
 import pydantic
 
 from assets.data import curriculum
-from assets.partitions import data_partitions
+from assets.partitions import data_partitions, require_builtin
 from assets.resources import (
     MLflowResource,
     ObjectStoreResource,
@@ -74,6 +74,7 @@ def checkpoint(
 
     A run that does not complete (spot preemption) fails with its checkpoint kept; re-executing
     it resumes from the last good checkpoint under the same training run id."""
+    require_builtin(context.partition_key, "checkpoint (the train job)")
     state_dir = state.path()
     store = object_store.store()
     run_id = training_run_id(context, state_dir, store)

@@ -2,7 +2,17 @@
 
 import dagster as dg
 
-from assets import analytics, data, forecast, governance, hpo, policies, training
+from assets import (
+    analytics,
+    data,
+    forecast,
+    governance,
+    hpo,
+    partitions,
+    policies,
+    training,
+    user_jobs,
+)
 from assets.resources import launchpad_resources
 from pipelines.jobs import (
     curriculum_job,
@@ -19,16 +29,19 @@ from pipelines.jobs import (
 )
 from sensors.slow_policy import slow_policy_sensor
 
+# The team's registered jobs (TRAINWISE_PROJECT_FILE): none, no asset and no job.
+USER_JOBS = user_jobs.user_job_defs(partitions.PROJECT, data.data_shards)
+
 defs = dg.Definitions(
     assets=[data.data_shards, data.difficulty_scores, data.curriculum, training.checkpoint,
             governance.schedule_change, governance.approvals_asset, forecast.cost_forecast,
             analytics.telemetry, analytics.dbt_models, hpo.hpo_study,
-            *policies.POLICY_DEFS["assets"]],
+            *policies.POLICY_DEFS["assets"], *USER_JOBS["assets"]],
     asset_checks=[data.curriculum_coverage, governance.schedule_approved,
                   forecast.p90_within_budget, *policies.POLICY_DEFS["asset_checks"]],
     jobs=[demo_job, train_job, forecast_job, curriculum_job, rollback_job, policy_rollback_job,
           live_change_rule_job, run_decision_job, schedule_propose_job, schedule_approve_job,
-          hpo_job, *policies.POLICY_DEFS["jobs"]],
+          hpo_job, *policies.POLICY_DEFS["jobs"], *USER_JOBS["jobs"]],
     schedules=policies.POLICY_DEFS["schedules"],
     sensors=[slow_policy_sensor],
     resources=launchpad_resources(),

@@ -82,6 +82,9 @@ SETTINGS: tuple[Setting, ...] = (
             "cost_forecast, the job forecast and the launch's budget gate"),
     Setting("TRAINWISE_FORECAST_SAMPLES", "64", "Monte Carlo start times per policy in "
             "cost_forecast"),
+    Setting("TRAINWISE_PROJECT_FILE", "", "a team's project file (TOML, kept in its own "
+            "repository): its [datasets.NAME] become data_shards partitions when the code "
+            "location loads (docs/user_datasets.md); empty = the built-in partitions only"),
     Setting("TRAINWISE_SPOT_TRACES", "availability-1node-aws-2023-02", "spot trace folder under "
             "$TRAINWISE_DATA_DIR/spot that cost_forecast replays; missing = embedded market"),
 )
@@ -219,6 +222,13 @@ def home_dir() -> Path:
 def data_dir() -> Path:
     """Where the real shared data lives (may not exist: callers fall back)."""
     return Path(get("TRAINWISE_DATA_DIR")).expanduser().resolve()
+
+
+def project_file() -> Path | None:
+    """TRAINWISE_PROJECT_FILE: the team's project file, or None (the built-in partitions only).
+    Whether it exists and parses is checked by `trainwise.user_project` (it names the fix)."""
+    raw = get("TRAINWISE_PROJECT_FILE")
+    return Path(raw).expanduser().resolve() if raw else None
 
 
 def duckdb_path() -> Path:

@@ -1,0 +1,112 @@
+"""A team's registered jobs (`[jobs.NAME]` of TRAINWISE_PROJECT_FILE) as one asset and one job.
+
+`user_job_run` launches the job chosen in the Launchpad (a drop-down of the registered names)
+through the selected provider (`trainwise.user_jobs`): preflight before any node, the nodes of
+a `GangSession`, reclaims answered with a checkpoint to the object store and a resume on the
+replacement. Its metadata is the outcome, the provider's bill and the segments. Absent when the
+project file registers no job (the code location then shows neither the asset nor the job).
+"""
+
+import enum
+from collections.abc import Mapping
+
+import dagster as dg
+
+from assets.data import data_shards
+from assets.resources import MLflowResource, ObjectStoreResource, StateResource
+from trainwise import gang, settings, user_jobs
+from trainwise import schedule as schedule_lib
+from trainwise.object_store import LocalObjectStore
+from trainwise.sdk.spec import RunSpec
+from trainwise.user_project import JobSpec, Project
+
+JOB_NAME = "train_user_job"
+
+
+def user_job_defs(project: Project, shards_asset: dg.AssetsDefinition = data_shards
+                  ) -> dict[str, list]:
+    """The asset and the job for `project`'s registered jobs; empty lists when it has none."""
+    if not project.jobs:
+        return {"assets": [], "jobs": []}
+    jobs: Mapping[str, JobSpec] = project.jobs
+    # The Launchpad shows an Enum field as a drop-down: the registered jobs, nothing else.
+    registered = enum.Enum("RegisteredJob", {name: name for name in jobs})
+    first = next(iter(registered))
+
+    class UserJobConfig(dg.Config):
+        job: registered = first  # type: ignore[valid-type]
+        """The registered job to launch ([jobs.NAME] of the project file)."""
+        run_id: str = ""
+        """The training run's id; empty: <job>-<the Dagster run's id>. The same id resumes."""
+        max_steps: int = 0
+        """Optimizer steps; 0: the job decides (it calls run.finish())."""
+        market: str = "spot"
+        """spot or on-demand, for the node the job runs on."""
+        seed: int = 0
+        checkpoint_every_steps: int = 100
+        first_step_timeout_s: float = 300.0
+        """The job must call run.step() within this many seconds of its start."""
+
+    @dg.asset(name="user_job_run", group_name="user_jobs", deps=[shards_asset],
+              kinds={"pytorch"})
+    def user_job_run(context: dg.AssetExecutionContext, config: UserJobConfig,
+                     state: StateResource, object_store: ObjectStoreResource,
+                     mlflow: MLflowResource) -> dg.MaterializeResult:
+        """A registered job of the team's project file, trained on the provider's nodes."""
+        job = jobs[config.job.value]
+        project_dir = project.path.parent if project.path is not None else state.path()
+        store = object_store.store()
+        if not isinstance(store, LocalObjectStore):
+            raise dg.Failure(description=(
+                "a registered job checkpoints through the SDK, which writes to a local object "
+                "store folder only for now; unset TRAINWISE_S3_BUCKET for user jobs"))
+        try:
+            user_jobs.preflight(job, project_dir, state.path("shards", job.dataset))
+        except user_jobs.UserJobError as error:
+            raise dg.Failure(description=str(error)) from error
+        run_id = config.run_id or f"{job.name}-{context.run.run_id[:8]}"
+        run_dir = state.path("runs", run_id)
+        instance_type = settings.get("TRAINWISE_INSTANCE_TYPE")
+        region = settings.get("TRAINWISE_REGION")
+        published = schedule_lib.published(state.path())
+        session = gang.GangSession(
+            gang.provider_for_run(instance_type, region),
+            gang.Allocation(market=config.market, nodes=1, reason="the Launchpad's request",
+                            source="request"),
+            instance_type, run_dir, run_id, region=region,
+            schedule_version=published.version)
+        spec = RunSpec(run_id=run_id, run_dir=str(run_dir), seed=config.seed,
+                       max_steps=config.max_steps or None,
+                       checkpoint_every_steps=config.checkpoint_every_steps or None,
+                       store_root=str(store.root), instance_type=instance_type,
+                       schedule_version=published.version,
+                       dataset_dir=str(state.path("shards", job.dataset)))
+        context.instance.add_run_tags(context.run.run_id, {"trainwise/training_run": run_id,
+                                                           "trainwise/user_job": job.name})
+        result = user_jobs.UserJobLaunch(job, project_dir, session, spec,
+                                         first_step_timeout_s=config.first_step_timeout_s).run()
+        metadata = {"status": result["status"], "run_id": run_id, "job": job.name,
+                    "entry": job.entry, "dataset": job.dataset,
+                    "steps": result["steps"], "reclaims": result["reclaims"] or 0,
+                    "cost_usd": result["cost_usd"],
+                    "segments": dg.MetadataValue.json(result["segments"]),
+                    "run_dir": dg.MetadataValue.path(str(run_dir))}
+        try:
+            mlflow_run_id = user_jobs.log_to_mlflow(mlflow.uri(), mlflow.experiment, result,
+                                                    job, spec)
+            metadata["mlflow_run_id"] = mlflow_run_id
+        except Exception as error:  # the trained model stays; the record says what is missing
+            context.log.warning(f"MLflow logging failed ({type(error).__name__}: {error})")
+            metadata["mlflow_pending"] = f"{type(error).__name__}: {error}"[:300]
+        if result["status"] != "completed":
+            raise dg.Failure(description=result["failure"], metadata=metadata,
+                             allow_retries=True)
+        context.log.info(f"job {job.name} completed in {result['steps']} steps, "
+                         f"{len(result['segments'])} segment(s), bill {result['cost_usd']} USD")
+        return dg.MaterializeResult(metadata=metadata)
+
+    train_user_job = dg.define_asset_job(
+        JOB_NAME, selection=dg.AssetSelection.assets(user_job_run),
+        description="Launch one of the team's registered jobs (its project file) on the "
+                    "provider's nodes, preemptions answered, the bill recorded.")
+    return {"assets": [user_job_run], "jobs": [train_user_job]}
