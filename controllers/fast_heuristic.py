@@ -48,7 +48,13 @@ from dataclasses import dataclass, field
 # Importing the built-ins registers them (batch 10, stragglers 20, preemption 30).
 import controllers.fast_levers_builtin  # noqa: F401
 from controllers.batch_scaling import BatchScalingConfig
-from controllers.fast_levers import FastLever, action_with, fold_proposal, registered_levers
+from controllers.fast_levers import (
+    FastLever,
+    action_with,
+    fold_proposal,
+    keep_everything,
+    registered_levers,
+)
 from controllers.fast_types import FastAction, FastObservation, PreemptionResponse
 from controllers.stragglers import StragglerConfig
 from controllers.validation import number_problem
@@ -239,9 +245,7 @@ class HeuristicFastPolicy:
             return self._fallback(o, f"bad {', '.join(bad)}", {"bad_fields": float(len(bad))})
         ranks = len(o.rank_step_time_ms)
         # The draft every lever starts from: keep everything (a lever changes only its knobs).
-        draft = FastAction(micro_batch_size=o.micro_batch_size,
-                           grad_accum_steps=o.grad_accum_steps, learning_rate=o.learning_rate,
-                           rank_work_shares=tuple(1.0 / ranks for _ in range(ranks)))
+        draft = keep_everything(o.micro_batch_size, o.grad_accum_steps, o.learning_rate, ranks)
         reasons: list[str] = []
         numbers: dict[str, float] = {}
         lever: FastLever | None = None
