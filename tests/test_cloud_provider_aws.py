@@ -192,3 +192,16 @@ def test_the_setting_selects_the_provider(monkeypatch):
     assert provider_name() == "emulated"
     with pytest.raises(ValueError, match="TRAINWISE_PROVIDER='gcp'.*emulated, aws"):
         provider_name("gcp")
+
+
+def test_a_run_session_places_a_launch_without_a_zone_in_the_region(moto_url, aws_env, tmp_path):
+    """`provider.zones` is a property on aws as on every provider: a GangSession whose
+    allocation names no zone takes the region's first zone from EC2 (it failed before)."""
+    from trainwise import gang
+
+    provider = _provider(moto_url)
+    assert ZONE in provider.zones and all(z.startswith(REGION) for z in provider.zones)
+    session = gang.GangSession(provider, gang.Allocation(market="on_demand", nodes=1,
+                                                         reason="test", source="request"),
+                               "p3.2xlarge", tmp_path / "run", "aws-zone", region=REGION)
+    assert session.allocation.zone == provider.zones[0]

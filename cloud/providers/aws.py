@@ -161,15 +161,19 @@ class AwsProvider(ComputeProvider):
     def now_s(self) -> float:
         return float(self.clock())
 
+    @property
     def zones(self) -> tuple[str, ...]:
+        """The region's zones (asked of EC2 once). A property, as on every provider: the run's
+        session reads `provider.zones` to place a launch without a zone (it called this method's
+        bound object a list of zones before, and the train job could not launch on aws)."""
         if self._zones is None:
             answer = self._call("describe_availability_zones")
             self._zones = tuple(z["ZoneName"] for z in answer["AvailabilityZones"])
         return self._zones
 
     def _check(self, zone: str, instance_type: str) -> None:
-        if zone not in self.zones():
-            raise UnknownZoneError(self.name, zone, self.zones())
+        if zone not in self.zones:
+            raise UnknownZoneError(self.name, zone, self.zones)
         if instance_type not in prices.INSTANCE_TYPES:
             raise UnknownInstanceTypeError(self.name, instance_type, tuple(prices.INSTANCE_TYPES),
                                            "the price table (cloud/prices.py)")
