@@ -90,6 +90,11 @@ def test_run_training_on_the_module_provider_trains_and_bills(fresh_registry, st
     assert summary.cost_usd == pytest.approx(held_s * 2.0 / 3600.0, rel=0.01)
     assert summary.cost_usd == record["cost_usd"] > 0
     assert summary.spot_share == 0.0 and summary.reclaims == 0
+    # The fixed schedule is priced as the provider prices its nodes (its own list, no
+    # changeover), so the saving compares two bills in the same prices; the AWS table knows
+    # no "steady" zone, and the fixed schedule had no price at all before.
+    assert record["fixed_on_demand_usd"] == pytest.approx(
+        record["train_provider_s"] * 2.0 / 3600.0, rel=1e-9)
 
 
 def test_the_module_providers_refusal_comes_before_training(fresh_registry, state, monkeypatch):

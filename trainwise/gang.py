@@ -476,15 +476,15 @@ class GangSession:
         the same nodes on demand for one changeover plus the provider seconds this job trained,
         never interrupted. Waste: billed node-seconds beyond that (replacement changeovers,
         shutdowns after notices, nodes stopping)."""
-        from cloud.providers.base import node_price_usd_per_hour
-
         rules = getattr(self.provider, "rules", None)
         changeover_s = float(getattr(rules, "changeover_s", 0.0))
         nodes = self.allocation.nodes
         needed_s = nodes * (changeover_s + self.train_provider_s)
         try:
-            on_demand = node_price_usd_per_hour(self.provider.name, self.instance_type,
-                                                self.allocation.zone, ON_DEMAND)
+            # The provider's own price (a replayed trace's, another cloud's list), the one its
+            # bill uses: the saving compares two bills in the same prices.
+            on_demand = self.provider.price_usd_per_hour(self.instance_type,
+                                                         self.allocation.zone, ON_DEMAND)
         except (ProviderError, ValueError):
             on_demand = math.nan
         now = self.provider.now_s()
