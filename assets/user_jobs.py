@@ -3,8 +3,10 @@
 `user_job_run` launches the job chosen in the Launchpad (a drop-down of the registered names)
 through the selected provider (`trainwise.user_jobs`): preflight before any node, the nodes of
 a `GangSession`, reclaims answered with a checkpoint to the object store and a resume on the
-replacement. Its metadata is the outcome, the provider's bill and the segments. Absent when the
-project file registers no job (the code location then shows neither the asset nor the job).
+replacement. Its metadata is the outcome, the provider's bill and the segments. With an
+`allocation_policy` the policy holds the nodes on the replayed spot trace instead of the fixed
+market (`trainwise.user_job_supervised`, the train job's engine). Absent when the project file
+registers no job (the code location then shows neither the asset nor the job).
 """
 
 import enum
@@ -14,7 +16,7 @@ import dagster as dg
 
 from assets.data import data_shards
 from assets.resources import MLflowResource, ObjectStoreResource, StateResource
-from trainwise import gang, settings, user_jobs
+from trainwise import gang, settings, user_job_supervised, user_jobs
 from trainwise import schedule as schedule_lib
 from trainwise.object_store import LocalObjectStore
 from trainwise.sdk.spec import RunSpec
@@ -41,7 +43,12 @@ def user_job_defs(project: Project, shards_asset: dg.AssetsDefinition = data_sha
         max_steps: int = 0
         """Optimizer steps; 0: the job decides (it calls run.finish())."""
         market: str = "spot"
-        """spot or on-demand, for the node the job runs on."""
+        """spot or on-demand, for the node the job runs on (when allocation_policy is empty)."""
+        allocation_policy: str = ""
+        """Empty: the node is `market`, launched as asked. A registered allocation policy
+        (on_demand, managed_spot, uniform_progress, trainwise_heuristic): it holds spot,
+        on-demand or nothing at every tick of the emulated provider's replayed spot trace, the
+        train job's engine (trainwise/user_job_supervised.py); needs max_steps."""
         seed: int = 0
         checkpoint_every_steps: int = 100
         first_step_timeout_s: float = 300.0
@@ -69,12 +76,6 @@ def user_job_defs(project: Project, shards_asset: dg.AssetsDefinition = data_sha
         instance_type = settings.get("TRAINWISE_INSTANCE_TYPE")
         region = settings.get("TRAINWISE_REGION")
         published = schedule_lib.published(state.path())
-        session = gang.GangSession(
-            gang.provider_for_run(instance_type, region),
-            gang.Allocation(market=config.market, nodes=1, reason="the Launchpad's request",
-                            source="request"),
-            instance_type, run_dir, run_id, region=region,
-            schedule_version=published.version)
         spec = RunSpec(run_id=run_id, run_dir=str(run_dir), seed=config.seed,
                        max_steps=config.max_steps or None,
                        checkpoint_every_steps=config.checkpoint_every_steps or None,
@@ -83,13 +84,29 @@ def user_job_defs(project: Project, shards_asset: dg.AssetsDefinition = data_sha
                        dataset_dir=str(state.path("shards", job.dataset)))
         context.instance.add_run_tags(context.run.run_id, {"trainwise/training_run": run_id,
                                                            "trainwise/user_job": job.name})
-        result = user_jobs.UserJobLaunch(job, project_dir, session, spec,
-                                         first_step_timeout_s=config.first_step_timeout_s).run()
+        if config.allocation_policy:  # the supervised engine, as the train job's
+            try:
+                result = user_job_supervised.supervise_user_job(
+                    job, project_dir, spec, user_job_supervised.replay_for_run(),
+                    config.allocation_policy).result
+            except ValueError as error:  # unknown policy, no max_steps: nothing launched
+                raise dg.Failure(description=str(error)) from error
+        else:
+            session = gang.GangSession(
+                gang.provider_for_run(instance_type, region),
+                gang.Allocation(market=config.market, nodes=1, reason="the Launchpad's request",
+                                source="request"),
+                instance_type, run_dir, run_id, region=region,
+                schedule_version=published.version)
+            result = user_jobs.UserJobLaunch(
+                job, project_dir, session, spec,
+                first_step_timeout_s=config.first_step_timeout_s).run()
         metadata = {"status": result["status"], "run_id": run_id, "job": job.name,
                     "entry": job.entry, "dataset": job.dataset,
                     "steps": result["steps"], "reclaims": result["reclaims"] or 0,
                     "cost_usd": result["cost_usd"],
                     "segments": dg.MetadataValue.json(result["segments"]),
+                    "allocation_policy": config.allocation_policy or "(fixed market)",
                     "run_dir": dg.MetadataValue.path(str(run_dir))}
         try:
             mlflow_run_id = user_jobs.log_to_mlflow(mlflow.uri(), mlflow.experiment, result,

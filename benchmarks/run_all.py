@@ -25,6 +25,7 @@ SUITES = {
     "rl_retraining": "benchmarks.rl.retraining",
     "fidelity": "benchmarks.fidelity",
     "end_to_end": "benchmarks.end_to_end",
+    "end_to_end_hf": "benchmarks.end_to_end_hf",
     "hpo": "benchmarks.hpo",
     "sdk_overhead": "benchmarks.sdk_overhead",
 }

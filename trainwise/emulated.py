@@ -278,11 +278,12 @@ def supervise(plan: ReplayPlan, *, policy: Any, run_id: str, run_dir: Path, shar
               train_config: dict[str, Any], max_steps: int, fast_policy: str | None = None,
               store_dir: Path | None = None, store_key_prefix: str = "",
               job_extra: dict[str, Any] | None = None,
-              resume_step: int | None = None) -> tuple[_Emulation, str]:
+              resume_step: int | None = None, workload: Any = None) -> tuple[_Emulation, str]:
     """Runs the job on the replayed market until its last step (or `max_wall_s`): `policy` (an
     allocation policy object) decides each tick, trainer processes train and answer notices.
     `resume_step`: the run was trained to this step before and its checkpoint is committed in
-    the store (`store_dir`); the first trainer restores it from there.
+    the store (`store_dir`); the first trainer restores it from there. `workload`: a user's job
+    run in place of the built-in trainer (`_Emulation.workload`; None: the built-in worker).
     Returns the finished job state and the status ("completed" or "deadline_exceeded_wall")."""
     if resume_step is not None and store_dir is None:
         raise ValueError("resume_step needs store_dir: the first trainer restores from the store")
@@ -303,7 +304,8 @@ def supervise(plan: ReplayPlan, *, policy: Any, run_id: str, run_dir: Path, shar
             train_config=train_config, max_steps=max_steps, work_total_s=plan.work_total_s,
             deadline_s=plan.deadline_s, notice_wall_s=notice_wall_s,
             trainer_ignores_notice=spec.trainer_ignores_notice, store_dir=store_dir,
-            store_key_prefix=store_key_prefix, job_extra=dict(job_extra or {}))
+            store_key_prefix=store_key_prefix, job_extra=dict(job_extra or {}),
+            workload=workload)
         if resume_step is not None:  # the store holds the run's newest committed checkpoint
             job.checkpoint_path = f"store:{store_key_prefix}"
             job.steps = job.checkpoint_step = int(resume_step)

@@ -52,6 +52,11 @@ class _Emulation(_TrainerProcesses):
     store_key_prefix: str = ""
     # More keys of each trainer's job file (`trainwise.emulated_worker`: curriculum, region).
     job_extra: dict[str, Any] = field(default_factory=dict)
+    # None: the built-in trainer (`trainwise.emulated_worker`). Else a user's job in its place
+    # (`trainwise.user_job_supervised.UserJobWorkload`): `child(job, index, result_path)` gives
+    # the spawn's command, env and cwd; `collect(job, trainer, exit_code)` writes the exited
+    # child's result file in the worker's keys (status, steps, checkpoint_path, ...).
+    workload: Any = None
     last_result: dict[str, Any] | None = None  # the newest trainer's result record
     uploaded: list[str] = field(default_factory=list)  # every trainer's uploaded URIs
     upload_failed: list[tuple[str, str]] = field(default_factory=list)

@@ -2,6 +2,9 @@
 per emulated node, its boot and progress read from its rank-0 telemetry, its stop (SIGTERM by pid,
 SIGKILL after the notice) and its exit. `_TrainerProcesses` holds these methods of
 `trainwise.emulated_job._Emulation` (the provider's state, which it uses through `self`).
+The process is the built-in worker (`worker_child`), or a user's SDK job when the emulation
+has a `workload` (`trainwise.user_job_supervised`): its telemetry is in the same place and
+schema (rank 0), and the workload turns its outcome into the worker's result file.
 """
 
 from __future__ import annotations
@@ -123,32 +126,19 @@ class _TrainerProcesses:
         index = len(self.pids)
         folder = self.run_dir / "emulated"
         folder.mkdir(parents=True, exist_ok=True)
-        resume_from = self.checkpoint_path
-        if self.store_dir is not None and resume_from is not None:
-            resume_from = RESUME_FROM_STORE  # the new node's disk is empty: the store has it
-        job = {"shards_dir": str(self.shards_dir), "run_dir": str(self.run_dir),
-               "result_path": str(folder / f"result-{index:03d}.json"),
-               "resume_from": resume_from, "train_config": self.train_config,
-               "block_sigterm": self.trainer_ignores_notice,
-               "store_dir": str(self.store_dir) if self.store_dir is not None else None,
-               "store_key_prefix": self.store_key_prefix, "fast_policy": self.fast_policy,
-               **self.job_extra}
+        result_path = folder / f"result-{index:03d}.json"
         risk = self.trainer_risk()
-        if risk is not None:
-            job["preemption_risk"] = risk
-        job_path = folder / f"job-{index:03d}.json"
-        # The run folder is shared and these names are predictable: a planted link is replaced,
-        # never written through (issue 31, class 2).
-        write_atomic(job_path, json.dumps(job, indent=1).encode("utf-8"))
+        if self.workload is not None:  # a user's job: its own command and run spec
+            command, env, cwd = self.workload.child(self, index, result_path)
+        else:
+            command, env, cwd = self.worker_child(index, folder, result_path, risk)
         log = os.fdopen(replace_with_new(folder / f"worker-{index:03d}.log"), "w")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "trainwise.emulated_worker", str(job_path)],
-            cwd=settings.PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         gang = self.gang
         holdings = tuple(self.provider.holding(n) for n in gang)
-        self.trainer = _Trainer(process, time.time(), Path(job["result_path"]),
+        self.trainer = _Trainer(process, time.time(), result_path,
                                 self.checkpoint_path, nodes=tuple(gang), holdings=holdings)
         self.pids.append(process.pid)
         if self.checkpoint_path is not None:
@@ -173,6 +163,28 @@ class _TrainerProcesses:
                      "time_s": self.clock.now_s,
                      "steps_to_replay": float(will_replay),
                      **({"preemption_risk": risk} if risk is not None else {})})
+
+    def worker_child(self, index: int, folder: Path, result_path: Path, risk: float | None
+                     ) -> tuple[list[str], dict[str, str] | None, Path]:
+        """The built-in trainer's command (`trainwise.emulated_worker` with its job file)."""
+        resume_from = self.checkpoint_path
+        if self.store_dir is not None and resume_from is not None:
+            resume_from = RESUME_FROM_STORE  # the new node's disk is empty: the store has it
+        job = {"shards_dir": str(self.shards_dir), "run_dir": str(self.run_dir),
+               "result_path": str(result_path),
+               "resume_from": resume_from, "train_config": self.train_config,
+               "block_sigterm": self.trainer_ignores_notice,
+               "store_dir": str(self.store_dir) if self.store_dir is not None else None,
+               "store_key_prefix": self.store_key_prefix, "fast_policy": self.fast_policy,
+               **self.job_extra}
+        if risk is not None:
+            job["preemption_risk"] = risk
+        job_path = folder / f"job-{index:03d}.json"
+        # The run folder is shared and these names are predictable: a planted link is replaced,
+        # never written through (issue 31, class 2).
+        write_atomic(job_path, json.dumps(job, indent=1).encode("utf-8"))
+        return ([sys.executable, "-m", "trainwise.emulated_worker", str(job_path)], None,
+                settings.PROJECT_ROOT)
 
     def count_replays(self) -> replay.ReplayWaste:
         """Step events that re-ran an already recorded step, priced at the node of the trainer
@@ -248,6 +260,8 @@ class _TrainerProcesses:
         if not trainer.killed:
             self.node_down(trainer)
         self.read_progress()
+        if self.workload is not None:  # a user's job: its outcome becomes the result file
+            self.workload.collect(self, trainer, code)
         result = (json.loads(trainer.result_path.read_text())
                   if trainer.result_path.exists() else None)
         self.trainer = None

@@ -41,12 +41,28 @@ from training.safe_files import replace_with_new, write_atomic
 from trainwise.gang import GangSession
 from trainwise.sdk.entry import CHECK_FAILED_EXIT_CODE
 from trainwise.sdk.run import PREEMPTED_EXIT_CODE
-from trainwise.sdk.spec import RunSpec, write_spec
+from trainwise.sdk.spec import RunSpec, with_fields, write_spec
 from trainwise.user_project import JobSpec, Project
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD_FILE = "user_job.json"
 LOG_TAIL_CHARS = 2000
+
+
+# Frameworks whose own loop sizes its epochs once from the loader's length: the fast layer's
+# batch lever cannot reach them, and their callbacks refuse it at init (trainwise.sdk.hf,
+# trainwise.sdk.lightning).
+LOADER_OWNED_FRAMEWORKS = ("hf_trainer", "lightning")
+
+
+def spec_for_framework(job: JobSpec, spec: RunSpec) -> RunSpec:
+    """`spec` with the levers `job`'s framework can apply: a launcher leaves `batch_scaling`
+    out for a Trainer or Lightning job (the spec's default asks for it, and the job's callback
+    would refuse the run at its first line)."""
+    if job.framework in LOADER_OWNED_FRAMEWORKS and "batch_scaling" in spec.fast_levers:
+        return with_fields(spec, fast_levers=tuple(lever for lever in spec.fast_levers
+                                                   if lever != "batch_scaling"))
+    return spec
 
 
 class UserJobError(RuntimeError):
@@ -120,6 +136,7 @@ class UserJobLaunch:
         return Path(self.spec.run_dir)
 
     def run(self) -> dict[str, Any]:
+        self.spec = spec_for_framework(self.job, self.spec)
         self.session.on_stop = self._tell
         status = "interrupted"
         if not self.session.nodes:
