@@ -18,8 +18,9 @@ rule (every strategy's final eval loss, the job's `run.finish(eval_loss=)`, with
 
 What differs from the built-in rows, because the SDK's run spec cannot take it: the trainwise
 strategy's trainers get the fast heuristic (the SDK's: batch from the noise scale where the
-framework lets it, the answer to the notice) but neither the live checkpoint interval
-(`checkpoint_autotune`) nor the engine's preemption risk; each payload lists this under
+framework lets it, the answer to the notice, and a checkpoint on Young's interval for the
+engine's observed preemption risk, given at each start) but not the live checkpoint interval
+the slow layer writes while the job runs (`checkpoint_autotune`); each payload lists this under
 `not_applied`. The checkpoint period is `driver_run.every_steps` (as the built-in rows); where
 the job's registered arguments set `--max-steps` / `--checkpoint-every-steps` (both examples do,
 and a job's arguments override its run spec), the benchmark's values are appended to them.
@@ -82,8 +83,9 @@ DEFAULT_EXAMPLE = ROOT / "examples" / "hf_trainer"
 QUICK_STEPS = 40
 SEED = 0
 NOT_APPLIED = {"trainwise": [
-    "checkpoint_autotune (the live Young/Daly interval): the SDK's run spec has no live interval",
-    "preemption_risk (the engine's observed reclaim rate): the SDK's fast layer observes 0"]}
+    "checkpoint_autotune (the live Young/Daly interval the slow layer writes while the job "
+    "runs): the SDK's run spec has no live interval; the risk reaches the SDK's fast heuristic "
+    "at each start, which checkpoints on Young's interval for it"]}
 
 
 def fast_layer(result: EmulatedResult) -> dict[str, Any]:

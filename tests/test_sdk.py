@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -345,3 +346,44 @@ def test_to_device_keeps_the_shape_of_the_batch():
     moved = placement.to_device(batch)
     assert isinstance(moved["pair"], Pair) and moved["pair"].y[1] == "text"
     assert torch.equal(moved["ids"], torch.arange(3))
+
+
+# -- the launcher's preemption risk ----------------------------------------------------------------
+
+def test_a_known_risk_makes_the_fast_layer_checkpoint_on_youngs_interval(tmp_path):
+    """With the risk a launcher observed on the node's market (certain here: an MTBF of 0.6 s),
+    a checkpoint older than Young's interval for it (the measured save cost) is written at the
+    next fast tick, without a notice; with no risk (the default) none is (the telemetry test
+    above counts only interval and final checkpoints)."""
+    run = _run(tmp_path, preemption_risk=1.0, max_steps=12, checkpoint_every_steps=5,
+               fast_every_steps=4)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    loader = run.dataloader(_data(), batch_size=8)
+    model, optimizer = run.track(model, optimizer)
+    while not run.done:
+        for xb, yb in loader:
+            loss = torch.nn.functional.mse_loss(model(xb), yb)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            time.sleep(0.2)  # 0.6 s between the step-5 checkpoint and the step-8 tick
+            run.step(loss=loss)
+            if run.done:
+                break
+    run.finish()
+    events = _events(tmp_path / "local")
+    saved = [(e["step"], e["reason"]) for e in events if e["type"] == "checkpoint"]
+    assert (8, "risk") in saved and (5, "interval") in saved and (10, "interval") in saved
+    [tick] = [e for e in events if e["type"] == "decision" and e["step"] == 8]
+    assert tick["action"]["preemption_response"] == "checkpoint_now"
+    assert tick["numbers"]["preemption_risk"] == 1.0
+
+
+def test_a_risk_that_is_not_a_probability_is_refused(tmp_path, monkeypatch):
+    import trainwise
+
+    monkeypatch.delenv("TRAINWISE_RUN_SPEC", raising=False)
+    with pytest.raises(RunSpecError, match="preemption_risk 1.5 must be a probability"):
+        trainwise.init(run_id="risky", run_dir=str(tmp_path / "risky"), preemption_risk=1.5)

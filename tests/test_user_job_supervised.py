@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -130,6 +131,10 @@ def test_trainwise_rides_spot_answers_the_reclaim_and_resumes_from_the_store(sup
     spawned = json.loads((Path(spec.run_dir) / "emulated" / "spec-001.json").read_text())
     assert spawned["notice_s"] >= 10.0 and spawned["fast_policy"] == "heuristic"
     assert spawned["instance_type"] == figures.instance_type
+    # ... and the preemption risk the engine gives a built-in trainer: the first start, on spot
+    # with no reclaim seen yet, half a reclaim over the horizon (1 - e^-0.5).
+    first_spec = json.loads((Path(spec.run_dir) / "emulated" / "spec-000.json").read_text())
+    assert first_spec["preemption_risk"] == pytest.approx(1.0 - math.exp(-0.5))
 
 
 def test_on_demand_holds_no_spot_and_completes_in_one_segment(supervised):

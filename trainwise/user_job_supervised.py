@@ -17,9 +17,11 @@ child exits it turns the SDK's `outcome-rank0.json` into the worker's result fil
 (`emulated/result-NNN.json`). Its telemetry is the SDK's (`run_dir/telemetry/<run_id>/rank0`, the
 built-in trainer's layout and schema), which the engine reads for steps and checkpoints.
 
-What the SDK's run spec cannot take, so the user's job does not get it (the built-in trainer
-does): the preemption risk the engine computes for a new trainer (`_Emulation.trainer_risk`; the
-SDK's fast layer observes risk 0), and the live checkpoint interval (`checkpoint_autotune`).
+Each spawn's spec carries the preemption risk the engine gives a new built-in trainer (the
+reclaims seen so far over the time observed, `observed_reclaim_risk`): the SDK's fast heuristic
+checkpoints on Young's interval for it. What the user's job does not get (the built-in trainer
+does): the live checkpoint interval the slow layer writes while it runs (`checkpoint_autotune`);
+its interval checkpoints stay at `checkpoint_every_steps`.
 `max_steps` is required: the work model and the deadline are in steps.
 """
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controllers.preemption_risk import observed_reclaim_risk
 from training.safe_files import write_atomic
 from trainwise import settings
 from trainwise.emulated import (
@@ -79,9 +82,16 @@ class UserJobWorkload:
         # The outcome file is the finishing child's: an earlier one must not be read as its.
         self.outcome_path.unlink(missing_ok=True)
         holdings = [emulation.provider.holding(n) for n in emulation.gang]
+        held = emulation.held
+        # The risk the engine gives the built-in trainer (`_Emulation.trainer_risk`): reclaims
+        # seen so far over the time observed, on this machine's clock, 0 on on-demand only.
+        risk = observed_reclaim_risk(len(emulation.preemption_times),
+                                     emulation.clock.wall_s(emulation.clock.now_s),
+                                     held.spot_nodes if held is not None else 0)
         spec = with_fields(self.spec, notice_s=float(self.notice_s),
                            instance_type=emulation.market.instance_type,
-                           price_usd_per_hour=float(sum(h.price_usd_per_hour for h in holdings)))
+                           price_usd_per_hour=float(sum(h.price_usd_per_hour for h in holdings)),
+                           preemption_risk=float(min(1.0, max(0.0, risk))))
         spec_path = write_spec(spec, result_path.with_name(f"spec-{index:03d}.json"))
         self._began = time.monotonic()
         return job_command(self.job), job_env(self.project_dir, spec_path), self.project_dir

@@ -388,11 +388,17 @@ class Run:
         if self.spec.max_steps is not None and self.step_count >= self.spec.max_steps:
             self.done = True
             return
+        risk_checkpoint = False
         if self.step_count % self.spec.fast_every_steps == 0:
-            self._fast_tick(step_ms)
+            action = self._fast_tick(step_ms)
+            # No notice, but the risk the launcher observed says the last checkpoint is older
+            # than Young's interval for it: the fast layer asks for one now.
+            risk_checkpoint = action.preemption_response is PreemptionResponse.CHECKPOINT_NOW
         every = self.spec.checkpoint_every_steps
         if every and self.step_count % every == 0:
             self.checkpoint("interval")
+        elif risk_checkpoint:
+            self.checkpoint("risk")
 
     def finish(self, *, eval_loss: float | None = None) -> Path | None:
         """The job is done: final checkpoint, outcome, telemetry sealed. Returns the checkpoint."""
@@ -472,7 +478,7 @@ class Run:
             micro_batch_size=self._loader.batch_size if self._loader is not None else 1,
             grad_accum_steps=1, learning_rate=self._lr(None),
             rank_step_time_ms=(step_ms,), dataloader_queue_depth=0,
-            preemption_notice_s=notice_s, preemption_risk=0.0,
+            preemption_notice_s=notice_s, preemption_risk=self.spec.preemption_risk,
             seconds_since_checkpoint=time.perf_counter() - self._last_checkpoint_t,
             checkpoint_cost_s=self._checkpoint_cost_s)
 

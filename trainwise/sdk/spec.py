@@ -46,6 +46,10 @@ class RunSpec:
     store_prefix: str = ""  # key prefix; "" -> "runs/<run_id>/checkpoints"
     notice_file: str | None = None  # a node agent writes it when the node is being reclaimed
     notice_s: float = 120.0  # what a SIGTERM leaves before the kill (EC2 spot: 2 minutes)
+    # The chance of a reclaim within the fast heuristic's risk horizon, as the launcher observed
+    # it on the node's market (0: none known). With it the fast layer checkpoints on Young's
+    # interval for that risk (`PreemptionResponse.CHECKPOINT_NOW` without a notice).
+    preemption_risk: float = 0.0
     schedule_version: str = ""
     instance_type: str = "local"
     price_usd_per_hour: float = 0.0
@@ -89,8 +93,9 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "checkpoint_every_steps": (int, type(None)), "keep_checkpoints": (int,),
     "fast_every_steps": (int,), "fast_policy": (str,), "fast_levers": (list, tuple),
     "store_root": (str, type(None)), "store_prefix": (str,), "notice_file": (str, type(None)),
-    "notice_s": (int, float), "schedule_version": (str,), "instance_type": (str,),
-    "price_usd_per_hour": (int, float), "rank": (int,), "world_size": (int,), "dataset_dir": (str, type(None)),
+    "notice_s": (int, float), "preemption_risk": (int, float), "schedule_version": (str,),
+    "instance_type": (str,), "price_usd_per_hour": (int, float), "rank": (int,),
+    "world_size": (int,), "dataset_dir": (str, type(None)),
     "device": (str,), "precision": (str,), "cpu_threads": (int, type(None)),
 }
 
@@ -112,7 +117,7 @@ def _checked(values: dict[str, Any], where: str) -> RunSpec:
         raise RunSpecError(f"{where}: {missing} missing; a spec names the run and its folder")
     values = dict(values)
     values["fast_levers"] = tuple(values.get("fast_levers", RunSpec.fast_levers))
-    for name in ("notice_s", "price_usd_per_hour"):
+    for name in ("notice_s", "price_usd_per_hour", "preemption_risk"):
         if name in values:
             values[name] = float(values[name])
     spec = RunSpec(**values)
@@ -133,6 +138,9 @@ def _checked(values: dict[str, Any], where: str) -> RunSpec:
         problems.append(f"rank {spec.rank} is not in 0..world_size-1 ({spec.world_size})")
     if spec.notice_s <= 0 or spec.price_usd_per_hour < 0:
         problems.append("notice_s must be > 0 and price_usd_per_hour >= 0")
+    if not 0.0 <= spec.preemption_risk <= 1.0:  # False for nan too
+        problems.append(f"preemption_risk {spec.preemption_risk!r} must be a probability in "
+                        "[0, 1]")
     if problems:
         raise RunSpecError(f"{where}: " + "; ".join(problems))
     return spec
