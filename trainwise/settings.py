@@ -87,6 +87,18 @@ SETTINGS: tuple[Setting, ...] = (
             "location loads (docs/user_datasets.md); empty = the built-in partitions only"),
     Setting("TRAINWISE_SPOT_TRACES", "availability-1node-aws-2023-02", "spot trace folder under "
             "$TRAINWISE_DATA_DIR/spot that cost_forecast replays; missing = embedded market"),
+    Setting("TRAINWISE_AGENT_METADATA", "none", "the node agent's metadata service: ec2 (IMDSv2 "
+            "spot/instance-action and rebalance) | gcp (instance/preempted) | azure (Scheduled "
+            "Events) | none (SIGTERM only)"),
+    Setting("TRAINWISE_AGENT_METADATA_URL", "", "the node agent's metadata endpoint; empty = "
+            "the cloud's own (http://169.254.169.254 for ec2 and azure, "
+            "http://metadata.google.internal for gcp)"),
+    Setting("TRAINWISE_AGENT_POLL_S", "1", "seconds between two questions of the node agent "
+            "to the metadata service"),
+    Setting("TRAINWISE_AGENT_NOTICE_MARGIN_S", "10", "the node agent SIGTERMs a job still "
+            "running this many seconds before the notice's end, and kills it this long after"),
+    Setting("TRAINWISE_AGENT_TELEMETRY_EVERY_S", "30", "seconds between two copies of the "
+            "job's telemetry into the object store by the node agent (and once at the end)"),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
