@@ -3,7 +3,10 @@
 `user_job_run` launches the job chosen in the Launchpad (a drop-down of the registered names)
 through the selected provider (`trainwise.user_jobs`): preflight before any node, the nodes of
 a `GangSession`, reclaims answered with a checkpoint to the object store and a resume on the
-replacement. Its metadata is the outcome, the provider's bill and the segments. With an
+replacement. Its metadata is the outcome, the provider's bill, the segments and the launch's
+forecast (P50/P90 USD and hours): a launch whose forecast P90 exceeds the published schedule's
+budget is refused before any node unless it gives `budget_override_reason`
+(`trainwise.user_job_forecast`). With an
 `allocation_policy` the policy holds the nodes on the replayed spot trace instead of the fixed
 market (`trainwise.user_job_supervised`, the train job's engine). Absent when the project file
 registers no job (the code location then shows neither the asset nor the job).
@@ -16,7 +19,14 @@ import dagster as dg
 
 from assets.data import data_shards
 from assets.resources import MLflowResource, ObjectStoreResource, StateResource
-from trainwise import gang, settings, user_job_supervised, user_jobs
+from trainwise import (
+    gang,
+    job_forecast,
+    settings,
+    user_job_forecast,
+    user_job_supervised,
+    user_jobs,
+)
 from trainwise import schedule as schedule_lib
 from trainwise.object_store import LocalObjectStore
 from trainwise.sdk.spec import RunSpec
@@ -53,6 +63,9 @@ def user_job_defs(project: Project, shards_asset: dg.AssetsDefinition = data_sha
         checkpoint_every_steps: int = 100
         first_step_timeout_s: float = 300.0
         """The job must call run.step() within this many seconds of its start."""
+        budget_override_reason: str = ""
+        """Launch although the forecast P90 exceeds the published schedule's budget_usd; the
+        reason is recorded with the run (its tags and launch_forecast.json)."""
 
     @dg.asset(name="user_job_run", group_name="user_jobs", deps=[shards_asset],
               kinds={"pytorch"})
@@ -84,6 +97,25 @@ def user_job_defs(project: Project, shards_asset: dg.AssetsDefinition = data_sha
                        dataset_dir=str(state.path("shards", job.dataset)))
         context.instance.add_run_tags(context.run.run_id, {"trainwise/training_run": run_id,
                                                            "trainwise/user_job": job.name})
+        # The budget: the forecast before any node; over budget refused unless a reason is given.
+        try:
+            launch = user_job_forecast.launch_gate(
+                state.path(), job, project_dir, user_job_forecast.ask_for(
+                    job.name, max_steps=config.max_steps, market=config.market,
+                    allocation_policy=config.allocation_policy, run_id=run_id,
+                    checkpoint_every_steps=config.checkpoint_every_steps,
+                    budget_override_reason=config.budget_override_reason),
+                published, state.path("shards", job.dataset))
+        except job_forecast.BudgetExceededError as refused:
+            raise dg.Failure(description=str(refused), metadata={
+                **{k: v for k, v in refused.record.items() if k != "forecast"},
+                "forecast": dg.MetadataValue.json(refused.record["forecast"])}) from refused
+        except ValueError as error:  # an unknown market or policy; work the trace cannot hold
+            raise dg.Failure(description=str(error)) from error
+        context.log.info(launch.get("summary") or launch.get("skipped", ""))
+        if launch.get("override_reason"):
+            context.instance.add_run_tags(context.run.run_id, {
+                "trainwise/budget_override": launch["override_reason"][:250]})
         if config.allocation_policy:  # the supervised engine, as the train job's
             try:
                 result = user_job_supervised.supervise_user_job(
@@ -107,7 +139,8 @@ def user_job_defs(project: Project, shards_asset: dg.AssetsDefinition = data_sha
                     "cost_usd": result["cost_usd"],
                     "segments": dg.MetadataValue.json(result["segments"]),
                     "allocation_policy": config.allocation_policy or "(fixed market)",
-                    "run_dir": dg.MetadataValue.path(str(run_dir))}
+                    "run_dir": dg.MetadataValue.path(str(run_dir)),
+                    **user_job_forecast.forecast_metadata(launch)}
         try:
             mlflow_run_id = user_jobs.log_to_mlflow(mlflow.uri(), mlflow.experiment, result,
                                                     job, spec)

@@ -129,6 +129,8 @@ def _cmd_forecast(args: argparse.Namespace) -> int:
     home = settings.home_dir()
     deadline_s = None if args.deadline_h is None else args.deadline_h * 3600.0
     head = ("", "steps", "P50 USD", "P90 USD", "P50 h", "P90 h", "deadline risk")
+    if args.job:
+        return _forecast_user_job(args, head, deadline_s)
     if args.run:
         live = job_forecast.reforecast_run(home, args.run, deadline_s=deadline_s)
         rest = live.remaining
@@ -166,6 +168,43 @@ def _cmd_forecast(args: argparse.Namespace) -> int:
     verdict = ("OVER the budget: a launch is refused unless it gives schedule_override_reason"
                if job.p90_usd > job.budget_usd else "within the budget")
     print(f"budget {job.budget_usd:g} USD (published schedule {published.version}): P90 "
+          f"{verdict}")
+    return 0
+
+
+def _forecast_user_job(args: argparse.Namespace, head: tuple[str, ...],
+                       deadline_s: float | None) -> int:
+    """`trainwise forecast --job NAME --max-steps N`: a registered job's launch, before it."""
+    from trainwise import schedule as schedule_lib
+    from trainwise import user_job_forecast, user_jobs
+    from trainwise.user_project import load_project
+
+    home = settings.home_dir()
+    project = load_project()
+    try:
+        job = user_jobs.registered_job(project, args.job)
+    except user_jobs.UserJobError as error:
+        raise ValueError(str(error)) from None
+    assert project.path is not None  # a registered job has a project file
+    published = schedule_lib.published(home)
+    ask = user_job_forecast.ask_for(job.name, max_steps=args.steps, market=args.market,
+                                    allocation_policy=args.allocation_policy)
+    shards = home / "shards" / job.dataset
+    forecast = user_job_forecast.forecast_user_job(
+        home, job, project.path.parent, ask, published,
+        shards if (shards / "manifest.json").is_file() else None, deadline_s=deadline_s)
+    assert forecast is not None  # probed when it has no runs
+    print(_forecast_table([head, (f"job {job.name}", f"{forecast.steps:.0f}",
+                                  f"{forecast.p50_usd:.2f}", f"{forecast.p90_usd:.2f}",
+                                  f"{forecast.p50_h:.2f}", f"{forecast.p90_h:.2f}",
+                                  f"{forecast.deadline_risk:.0%}")]))
+    print(f"sized from {forecast.throughput_source} ({forecast.s_per_step:.3g} s per step); "
+          f"{forecast.clock_source}; market {forecast.market}; policy {forecast.policy}; "
+          f"deadline {forecast.deadline_h:g} h" + (f"; {forecast.note}" if forecast.note else ""))
+    verdict = (f"OVER the budget: a launch is refused unless it gives "
+               f"{user_job_forecast.OVERRIDE_FIELD}" if forecast.p90_usd > forecast.budget_usd
+               else "within the budget")
+    print(f"budget {forecast.budget_usd:g} USD (published schedule {published.version}): P90 "
           f"{verdict}")
     return 0
 
@@ -210,12 +249,20 @@ def build_parser() -> argparse.ArgumentParser:
     forecast = sub.add_parser("forecast", help="P50/P90 cost and completion time of a job "
                               "before launch (from its measured throughput), or of a live run")
     forecast.add_argument("partition", nargs="?", default="", help="the job's data partition")
-    forecast.add_argument("--steps", type=int, default=0, help="steps of the job (default: "
-                          "the launchpad's max_steps)")
+    forecast.add_argument("--steps", "--max-steps", dest="steps", type=int, default=0,
+                          help="steps of the job (default: the launchpad's max_steps; a "
+                          "registered job (--job) has none: give it)")
     forecast.add_argument("--deadline-h", type=float, default=None, help="deadline in hours "
                           "(default TRAINWISE_FORECAST_DEADLINE_H)")
     forecast.add_argument("--run", default="", help="re-forecast this live run (its bill so "
                           "far plus the steps left) instead")
+    forecast.add_argument("--job", default="", help="a registered job of "
+                          "TRAINWISE_PROJECT_FILE instead (sized from its runs, else a probe "
+                          "of its first steps)")
+    forecast.add_argument("--market", default="spot", help="with --job: the fixed market of "
+                          "its node (spot or on_demand), when no --allocation-policy")
+    forecast.add_argument("--allocation-policy", default="", help="with --job: the policy "
+                          "holding its node (as the Launchpad's allocation_policy)")
     forecast.set_defaults(func=_cmd_forecast)
 
     ingest = sub.add_parser("ingest", help="ingest a run's telemetry into DuckDB again (after "

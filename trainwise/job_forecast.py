@@ -16,7 +16,11 @@
 A live run (`reforecast_run`): its bill so far (gang.json `cost_usd`, plus the node time since
 that record) plus the forecast of its steps left in the time left of its deadline. The budget
 (`launch_gate`): a launch whose P90 exceeds the published schedule's `budget_usd` is refused
-unless it gives `schedule_override_reason`; figures and reason go to `launch_forecast.json`."""
+unless it gives `schedule_override_reason`; figures and reason go to `launch_forecast.json`.
+
+A team's registered job is forecast by the same engine (`trainwise.user_job_forecast`): its
+throughput source is its own runs (`runs_naming` of user_job.json) or a probe of its command,
+sized per step (`trainer_seconds` with no batch), and its gate is `budget_gate`."""
 
 from __future__ import annotations
 
@@ -54,6 +58,7 @@ class Throughput:
     save_s: float  # one checkpoint save's blocking time (0 when none was measured)
     steps: int  # steps measured
     source: str  # "runs a, b (N steps)" or "probe of N steps"
+    s_per_step: float = 0.0  # trainer seconds per step (a registered job's own batch)
 
 
 def _number(value: Any) -> bool:
@@ -84,7 +89,7 @@ def measure(records: list[dict[str, Any]], source: str) -> Throughput | None:
     if not steps:
         return None
     return Throughput(step_s / samples, statistics.median(evals) if evals else 0.0,
-                      statistics.median(saves) if saves else 0.0, steps, source)
+                      statistics.median(saves) if saves else 0.0, steps, source, step_s / steps)
 
 
 def _read_rank0(run_dir: Path) -> list[dict[str, Any]]:
@@ -94,21 +99,32 @@ def _read_rank0(run_dir: Path) -> list[dict[str, Any]]:
     return read_run(telemetry, rank=0, warn=False).records if telemetry.is_dir() else []
 
 
-def measured_throughput(state_dir: Path, partition: str, *, exclude: str = ""
-                        ) -> Throughput | None:
-    """The throughput of the partition's newest runs (None when it has none with steps). A run
-    whose telemetry is malformed is left out, named in the source."""
+def runs_naming(state_dir: Path, record_file: str, key: str, value: str, *,
+                exclude: str = "") -> list[Path]:
+    """The run folders whose `record_file` (a JSON object) has `key` == `value`, newest first
+    (the source of a measured throughput: request.json's partition for the train job,
+    user_job.json's job for a registered one)."""
     found = []
-    for request_path in (Path(state_dir) / "runs").glob("*/request.json"):
+    for record_path in (Path(state_dir) / "runs").glob(f"*/{record_file}"):
         try:
-            asked = json.loads(request_path.read_text(encoding="utf-8"))
+            record = json.loads(record_path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if isinstance(asked, dict) and asked.get("partition") == partition and \
-                request_path.parent.name != exclude:
-            found.append((request_path.stat().st_mtime, request_path.parent))
+        if isinstance(record, dict) and record.get(key) == value and \
+                record_path.parent.name != exclude:
+            found.append((record_path.stat().st_mtime, record_path.parent))
+    return [run_dir for _, run_dir in sorted(found, reverse=True)]
+
+
+def measured_throughput(state_dir: Path, partition: str, *, exclude: str = "",
+                        runs: list[Path] | None = None) -> Throughput | None:
+    """The throughput of the partition's newest runs, or of `runs` (newest first) when given
+    (None when none has steps). A run whose telemetry is malformed is left out, named in the
+    source."""
+    if runs is None:
+        runs = runs_naming(state_dir, "request.json", "partition", partition, exclude=exclude)
     records, used, skipped = [], [], []
-    for _, run_dir in sorted(found, reverse=True)[:MAX_RUNS]:
+    for run_dir in runs[:MAX_RUNS]:
         try:
             run_records = _read_rank0(run_dir)
         except ValueError as error:  # TelemetryFormatError: named, never guessed around
@@ -177,12 +193,14 @@ def provider_clock(instance_type: str, region: str) -> tuple[float, str]:
 
 
 def trainer_seconds(throughput: Throughput, request: Any, steps: float) -> float:
-    """Trainer seconds of `steps` steps of the launch, with its evaluations and saves."""
+    """Trainer seconds of `steps` steps of the launch, with its evaluations and saves. A
+    request with no batch of its own (micro_batch_size 0: a registered job, whose batch is its
+    code's) runs at the measured seconds per step; no eval_every_steps: one evaluation."""
     batch = request.micro_batch_size * request.grad_accum_steps
-    evals = steps / request.eval_every_steps + 1
+    step_s = batch * throughput.s_per_sample if batch else throughput.s_per_step
+    evals = (steps / request.eval_every_steps if request.eval_every_steps else 0) + 1
     saves = (steps / request.checkpoint_every_steps if request.checkpoint_every_steps else 0) + 1
-    return steps * batch * throughput.s_per_sample + evals * throughput.eval_s + \
-        saves * throughput.save_s
+    return steps * step_s + evals * throughput.eval_s + saves * throughput.save_s
 
 
 @dataclass(frozen=True)
@@ -206,6 +224,7 @@ class JobForecast:
     market: str
     budget_usd: float
     note: str = ""
+    s_per_step: float = 0.0  # trainer seconds per measured step
 
     def row(self) -> dict[str, Any]:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -258,7 +277,8 @@ def simulate_job(request: Any, published: Any, *, steps: float, throughput: Thro
                        deadline_s / 3600.0, result.p50_usd, result.p90_usd, result.p50_h,
                        result.p90_h, max(result.deadline_risk, missed), samples,
                        throughput.s_per_sample, throughput.source, clock[0], clock[1],
-                       source.source, float(published.schedule["budget_usd"]), note)
+                       source.source, float(published.schedule["budget_usd"]), note,
+                       throughput.s_per_step)
 
 
 def request_for(partition: str, published: Any, **fields: Any) -> Any:
@@ -409,7 +429,6 @@ def launch_gate(request: Any, published: Any, state_dir: Path) -> dict[str, Any]
     rest) against the published schedule's budget_usd. Over budget raises BudgetExceededError
     naming the figures and the fix, unless `schedule_override_reason` is given; either way that
     passes, the record is written to `<run folder>/launch_forecast.json` and returned."""
-    budget = float(published.schedule["budget_usd"])
     run_dir = Path(state_dir) / "runs" / request.run_id
     if any(r["type"] == "step" for r in _read_rank0(run_dir)):
         live = reforecast_run(state_dir, request.run_id)
@@ -423,18 +442,42 @@ def launch_gate(request: Any, published: Any, state_dir: Path) -> dict[str, Any]
         except (FileNotFoundError, ValueError) as error:  # no shards: the run cannot start
             return {"run_id": request.run_id, "skipped": f"not forecast ({error}); the run "
                     "checks its data itself before any node is launched"}
-        job = forecast_job(state_dir, request, published, throughput=throughput,
-                           samples=min(GATE_QUICK_SAMPLES, samples_setting()))
-        assert job is not None
-        if job.p90_usd > budget / 2 and samples_setting() > GATE_QUICK_SAMPLES:
-            job = forecast_job(state_dir, request, published, throughput=throughput)
+        job = gate_forecast(state_dir, request, published, throughput)
         figures, p90 = {"what": f"{request.max_steps} steps", **job.row()}, job.p90_usd
-    reason, over = request.schedule_override_reason.strip(), p90 > budget
+    return budget_gate(state_dir, request.run_id, request.partition, figures, p90, published,
+                       request.schedule_override_reason)
+
+
+def gate_forecast(state_dir: Path, request: Any, published: Any, throughput: Throughput,
+                  **options: Any) -> JobForecast:
+    """The gate's forecast: GATE_QUICK_SAMPLES draws first, all of the setting's only when
+    that P90 is above half the budget."""
+    budget = float(published.schedule["budget_usd"])
+    job = forecast_job(state_dir, request, published, throughput=throughput,
+                       samples=min(GATE_QUICK_SAMPLES, samples_setting()), **options)
+    assert job is not None
+    if job.p90_usd > budget / 2 and samples_setting() > GATE_QUICK_SAMPLES:
+        job = forecast_job(state_dir, request, published, throughput=throughput, **options)
+    assert job is not None
+    return job
+
+
+def budget_gate(state_dir: Path, run_id: str, what: str, figures: dict[str, Any], p90: float,
+                published: Any, override_reason: str,
+                override_field: str = "schedule_override_reason",
+                what_key: str = "partition") -> dict[str, Any]:
+    """The verdict of a forecast `figures` (its "what" and "p90_h") of the launch `run_id` of
+    `what` (a partition; a registered job, `what_key` "job") against the published budget:
+    BudgetExceededError naming the figures and the fix when over it without `override_reason`
+    (the launch's `override_field`), else the record written to
+    `runs/<run_id>/launch_forecast.json`."""
+    budget = float(published.schedule["budget_usd"])
+    reason, over = override_reason.strip(), p90 > budget
     summary = (f"forecast P90 {p90:.2f} USD, done in {figures['p90_h']:.2f} h (P90), for "
-               f"{figures['what']} of {request.partition}: {'over' if over else 'within'} the "
+               f"{figures['what']} of {what}: {'over' if over else 'within'} the "
                f"budget of {budget:g} USD (budget_usd of the published schedule "
                f"{published.version})")
-    record = {"run_id": request.run_id, "partition": request.partition, "p90_usd": p90,
+    record = {"run_id": run_id, what_key: what, "p90_usd": p90,
               "p90_h": figures["p90_h"], "budget_usd": budget,
               "schedule_version": published.version, "over_budget": over,
               "override_reason": reason if over else "", "summary": summary,
@@ -443,9 +486,10 @@ def launch_gate(request: Any, published: Any, state_dir: Path) -> dict[str, Any]
         raise BudgetExceededError(
             f"launch refused: {summary}. Fix: fewer max_steps, a cheaper allocation policy, "
             "raise budget_usd through schedule_change and its approval, or launch anyway with "
-            "schedule_override_reason (recorded with the run)", record)
+            f"{override_field} (recorded with the run)", record)
     from training.safe_files import write_atomic
 
+    run_dir = Path(state_dir) / "runs" / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(run_dir / LAUNCH_FILE, json.dumps(record, indent=1, default=str).encode())
     return record

@@ -1,0 +1,277 @@
+"""The forecast of a team's registered job (`[jobs.NAME]` of its project file; issue 28 item 4):
+P50/P90 cost and completion time of a launch before any node is held, and the budget it must
+fit. The engine is the train job's (`trainwise.job_forecast`); what differs is where the
+throughput comes from and how a step is sized:
+
+1. Throughput: the seconds per step of the step events (the SDK's, `trainwise/sdk/run.py`) of
+   the job's newest runs, those whose `user_job.json` names it (the first step of each job
+   process is warm-up, left out: `job_forecast.measure`); else a probe: the job's own command
+   with a run spec of PROBE_STEPS steps in a scratch folder (no object store, the no-op fast
+   policy), stopped after those steps when its own arguments ask for more, its steps timed
+   from its telemetry. The forecast names which (`throughput_source`).
+2. Steps: the launch's max_steps. Without it (the job's code decides when it is done) there is
+   no forecast: `CannotSizeError` says so, and the launch gate lets the launch go on unforecast.
+3. Work: steps x measured seconds per step (a job's batch is its code's: micro_batch_size 0 in
+   `job_forecast.trainer_seconds`), plus its checkpoint saves, x the provider's clock; then the
+   Monte Carlo of the region's market for the launch's allocation policy, or for a fixed market
+   the policy that stands for it (spot: managed_spot, on_demand: on_demand).
+
+The gate (`launch_gate`): a launch whose P90 exceeds the published schedule's budget_usd is
+refused (`job_forecast.BudgetExceededError`, the figures in the message) unless it gives
+`budget_override_reason`; the record goes to `runs/<run_id>/launch_forecast.json`. A launch of a
+run that already has steps (the same run_id resumes) is forecast as its bill so far plus its
+steps left. Pure of Dagster: `assets/user_jobs.py` calls it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainwise import job_forecast, settings
+from trainwise.job_forecast import JobForecast, Throughput
+from trainwise.user_project import JobSpec
+
+PROBE_STEPS = job_forecast.PROBE_STEPS  # the first is warm-up
+PROBE_TIMEOUT_S = 300.0  # a probe that has not stepped PROBE_STEPS times by then is stopped
+PROBE_STOP_S = 60.0  # what a SIGTERMed probe is given to leave before SIGKILL
+OVERRIDE_FIELD = "budget_override_reason"
+# The policy a fixed-market launch (`UserJobLaunch`, no allocation_policy) is forecast as.
+FIXED_MARKET_POLICY = {"spot": "managed_spot", "on_demand": "on_demand"}
+
+
+class CannotSizeError(ValueError):
+    """A launch without max_steps: its work is unknown, so it has no forecast."""
+
+
+@dataclass(frozen=True)
+class UserJobAsk:
+    """A launch of a registered job, in the fields `job_forecast` reads of a train request."""
+
+    partition: str  # the registered job's name (job_forecast's name for what it forecasts)
+    max_steps: int
+    allocation_policy: str  # the launch's, or the one its fixed market stands for
+    instance_type: str
+    region: str
+    run_id: str = ""
+    market_note: str = ""
+    checkpoint_every_steps: int = 0
+    budget_override_reason: str = ""
+    nodes: int = 1
+    micro_batch_size: int = 0  # its batch is its code's: sized by measured seconds per step
+    grad_accum_steps: int = 1
+    eval_every_steps: int = 0  # its evaluations run inside its steps (one at the end)
+    data_selection: str = "fixed"
+
+
+def ask_for(job_name: str, *, max_steps: int, market: str = "spot", allocation_policy: str = "",
+            run_id: str = "", checkpoint_every_steps: int = 0,
+            budget_override_reason: str = "") -> UserJobAsk:
+    """The launch as the Launchpad (or the CLI) gives it; ValueError names a market or policy
+    that does not exist (before any probe)."""
+    from cloud.policy_registry import policy_names
+    from cloud.providers.base import check_market
+
+    if allocation_policy:
+        if allocation_policy not in policy_names():
+            raise ValueError(f"unknown allocation policy {allocation_policy!r}; valid: "
+                             f"{', '.join(policy_names())}")
+        policy, note = allocation_policy, ""
+    else:
+        policy = FIXED_MARKET_POLICY[check_market(market)]
+        note = f"fixed market {market}: forecast as {policy}"
+        if market == "spot":
+            note += " (spot, on-demand when spot is refused)"
+    if max_steps < 0:
+        raise ValueError(f"max_steps {max_steps} must be >= 0 (0: the job decides)")
+    return UserJobAsk(job_name, int(max_steps), policy, settings.get("TRAINWISE_INSTANCE_TYPE"),
+                      settings.get("TRAINWISE_REGION"), run_id=run_id, market_note=note,
+                      checkpoint_every_steps=int(checkpoint_every_steps or 0),
+                      budget_override_reason=budget_override_reason)
+
+
+def measured_throughput(state_dir: Path, job_name: str, *, exclude: str = ""
+                        ) -> Throughput | None:
+    """The seconds per step of the job's newest runs (None when none has steps)."""
+    from trainwise.user_jobs import RECORD_FILE
+
+    runs = job_forecast.runs_naming(state_dir, RECORD_FILE, "job", job_name, exclude=exclude)
+    return job_forecast.measured_throughput(state_dir, job_name, runs=runs)
+
+
+def _steps_written(telemetry: Path) -> int:
+    folder = telemetry / "rank0"
+    if not folder.is_dir():
+        return 0
+    return sum(p.read_text(errors="replace").count('"type":"step"')
+               for p in folder.glob("*.jsonl"))
+
+
+def probe_throughput(job: JobSpec, project_dir: Path, dataset_dir: Path | None = None, *,
+                     steps: int = PROBE_STEPS, timeout_s: float = PROBE_TIMEOUT_S) -> Throughput:
+    """`steps` steps (at least 2) of the job's own command in a scratch folder, timed from its
+    telemetry (module doc, 1). ValueError with its log's tail when it times no step."""
+    from telemetry.reader import read_run
+    from trainwise.sdk.spec import RunSpec, write_spec
+    from trainwise.user_jobs import _log_tail, job_command, job_env, spec_for_framework
+
+    steps = max(2, int(steps))
+    with tempfile.TemporaryDirectory(prefix="trainwise-probe-") as scratch:
+        run_dir = Path(scratch) / "probe"
+        spec = spec_for_framework(job, RunSpec(
+            run_id="probe", run_dir=str(run_dir), max_steps=steps, checkpoint_every_steps=None,
+            fast_policy="noop", dataset_dir=str(dataset_dir) if dataset_dir else None))
+        spec_path = write_spec(spec, Path(scratch) / "probe.spec.json")
+        log, telemetry, why = Path(scratch) / "probe.log", run_dir / "telemetry" / "probe", ""
+        with log.open("w") as output:
+            child = subprocess.Popen(job_command(job), cwd=project_dir,
+                                     env=job_env(Path(project_dir), spec_path), stdout=output,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+            began = time.monotonic()
+            try:
+                while child.poll() is None:
+                    if _steps_written(telemetry) >= steps:  # its own arguments ask for more
+                        try:  # the SDK leaves at its next step
+                            os.killpg(child.pid, signal.SIGTERM)
+                        except ProcessLookupError:
+                            pass
+                        child.wait(timeout=PROBE_STOP_S)
+                        break
+                    if time.monotonic() - began > timeout_s:
+                        why = f"it had not stepped {steps} times in {timeout_s:.0f} s"
+                        break
+                    time.sleep(0.05)
+            except subprocess.TimeoutExpired:
+                pass
+            finally:
+                if child.poll() is None:
+                    os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+        records = read_run(telemetry, rank=0, warn=False).records if telemetry.is_dir() else []
+        stepped = sum(1 for r in records if r["type"] == "step")  # a fast job outruns the poll
+        measured = job_forecast.measure(records, f"probe of {stepped} steps")
+        if measured is None:
+            raise ValueError(
+                f"the probe of job {job.name!r} timed no step ({why or f'exit {child.returncode}'}"
+                f"); run the job once (its telemetry sizes the next forecast). Its log ends:\n"
+                f"{_log_tail(log)}")
+    return measured
+
+
+def throughput_of(state_dir: Path, job: JobSpec, project_dir: Path,
+                  dataset_dir: Path | None = None, *, exclude: str = "",
+                  probe: bool = True) -> Throughput | None:
+    measured = measured_throughput(state_dir, job.name, exclude=exclude)
+    if measured is None and probe:
+        return probe_throughput(job, project_dir, dataset_dir)
+    return measured
+
+
+def _cannot_size(ask: UserJobAsk) -> CannotSizeError:
+    return CannotSizeError(
+        f"job {ask.partition!r}: cannot size the job without max_steps (its code decides when "
+        "it is done, so its work is unknown); give max_steps (the Launchpad's, or --max-steps) "
+        "for a forecast")
+
+
+def _noted(job: JobForecast, ask: UserJobAsk) -> JobForecast:
+    return dataclasses.replace(job, note="; ".join(n for n in (ask.market_note, job.note) if n))
+
+
+def forecast_user_job(state_dir: Path, job: JobSpec, project_dir: Path, ask: UserJobAsk,
+                      published: Any, dataset_dir: Path | None = None, *, probe: bool = True,
+                      throughput: Throughput | None = None, **options: Any
+                      ) -> JobForecast | None:
+    """P50/P90 of the launch `ask` of `job` (None when it has no runs and `probe` is False);
+    CannotSizeError without max_steps. `options`: deadline_s, samples, seed."""
+    if not ask.max_steps:
+        raise _cannot_size(ask)
+    throughput = throughput or throughput_of(state_dir, job, project_dir, dataset_dir,
+                                             exclude=ask.run_id, probe=probe)
+    if throughput is None:
+        return None
+    forecast = job_forecast.forecast_job(state_dir, ask, published, throughput=throughput,
+                                         **options)
+    assert forecast is not None
+    return _noted(forecast, ask)
+
+
+def _resumed_figures(state_dir: Path, run_dir: Path, done: int, throughput: Throughput,
+                     records: list[dict[str, Any]], ask: UserJobAsk, published: Any
+                     ) -> dict[str, Any]:
+    """A launch of a run that has stepped already (`done` steps): its bill so far plus its
+    steps left."""
+    clock = job_forecast.provider_clock(ask.instance_type, ask.region)
+    bill, elapsed_s, bill_source = job_forecast._bill_so_far(run_dir, records, ask, clock)
+    left = max(0, ask.max_steps - done)
+    figures = {"what": f"the resumed run (bill so far {bill:.2f} USD + its {left} steps left)",
+               "steps_done": done, "bill_so_far_usd": bill, "bill_source": bill_source,
+               "p50_usd": bill, "p90_usd": bill, "p50_h": elapsed_s / 3600.0,
+               "p90_h": elapsed_s / 3600.0}
+    if left:
+        deadline_s = settings.get_float("TRAINWISE_FORECAST_DEADLINE_H", 0.0) * 3600.0
+        rest = _noted(job_forecast.gate_forecast(
+            state_dir, dataclasses.replace(ask, max_steps=left), published, throughput,
+            clock=clock, deadline_s=max(0.0, deadline_s - elapsed_s)), ask)
+        for name in ("p50_usd", "p90_usd", "p50_h", "p90_h"):
+            figures[name] += getattr(rest, name)
+        figures["remaining"] = rest.row()
+    return figures
+
+
+def launch_gate(state_dir: Path, job: JobSpec, project_dir: Path, ask: UserJobAsk,
+                published: Any, dataset_dir: Path | None = None) -> dict[str, Any]:
+    """The budget check of a launch of a registered job (module doc): the record (written to
+    `runs/<run_id>/launch_forecast.json`), or BudgetExceededError over budget without
+    `budget_override_reason`. Unforecast (no max_steps, a probe that timed no step): a record
+    with "skipped" naming why, nothing written; the launch goes on."""
+    if not ask.max_steps:
+        return {"run_id": ask.run_id, "job": ask.partition,
+                "skipped": f"not forecast: {_cannot_size(ask)}"}
+    run_dir = Path(state_dir) / "runs" / ask.run_id
+    records = job_forecast._read_rank0(run_dir)
+    done = max((r["step"] for r in records if r["type"] == "step"), default=0)
+    try:  # a resumed run's own steps first; else the job's earlier runs; else a probe
+        throughput = (job_forecast.measure(records, f"measured: this run ({done} steps)")
+                      if done else None) or throughput_of(state_dir, job, project_dir,
+                                                          dataset_dir, exclude=ask.run_id)
+    except (OSError, ValueError) as error:  # the launch itself shows what is wrong
+        return {"run_id": ask.run_id, "job": ask.partition, "skipped": f"not forecast ({error})"}
+    assert throughput is not None
+    if done:
+        figures = _resumed_figures(state_dir, run_dir, done, throughput, records, ask, published)
+    else:
+        forecast = _noted(job_forecast.gate_forecast(state_dir, ask, published, throughput), ask)
+        figures = {"what": f"{ask.max_steps} steps", **forecast.row()}
+    return job_forecast.budget_gate(state_dir, ask.run_id, ask.partition, figures,
+                                    figures["p90_usd"], published, ask.budget_override_reason,
+                                    override_field=OVERRIDE_FIELD, what_key="job")
+
+
+def forecast_metadata(record: dict[str, Any]) -> dict[str, Any]:
+    """The gate's record as plain materialization metadata: P50/P90 USD and hours, the budget,
+    what sized it; or why there was no forecast."""
+    if "skipped" in record:
+        return {"forecast": record["skipped"]}
+    figures = record["forecast"]
+    meta = {f"forecast_{name}": round(float(figures[name]), 6)
+            for name in ("p50_usd", "p90_usd", "p50_h", "p90_h")}
+    meta["budget_usd"] = record["budget_usd"]
+    meta["forecast_sized_from"] = str(figures.get("throughput_source")
+                                      or (figures.get("remaining") or {}).get("throughput_source")
+                                      or figures["what"])
+    if record.get("override_reason"):
+        meta["budget_override_reason"] = record["override_reason"]
+    return meta
+
+
+__all__ = ["CannotSizeError", "OVERRIDE_FIELD", "PROBE_STEPS", "UserJobAsk", "ask_for",
+           "forecast_metadata", "forecast_user_job", "launch_gate", "measured_throughput",
+           "probe_throughput", "throughput_of"]
