@@ -79,6 +79,15 @@ class ResumableBatchSampler(torch.utils.data.Sampler[list[int]]):
     def _global_batch(self) -> int:
         return self.batch_size * self.world_size
 
+    def batches_per_epoch(self) -> int:
+        """This rank's batches in a whole epoch (not what is left of the current one): what a
+        framework that sizes its epochs once from len(loader) (HF Trainer, Lightning) is told."""
+        size = self._global_batch()
+        full, left = divmod(int(self.indices.size), size)
+        if self.drop_last:
+            return full
+        return full + (1 if left > self.rank * self.batch_size else 0)
+
     def __len__(self) -> int:
         left = self.indices.size - self.cursor
         size = self._global_batch()

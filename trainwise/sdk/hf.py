@@ -124,12 +124,7 @@ class TrainerLoader:
         return self.tracked.batch_size
 
     def __len__(self) -> int:
-        sampler = self.tracked.sampler
-        size = sampler.batch_size * sampler.world_size
-        full, left = divmod(int(sampler.indices.size), size)
-        if sampler.drop_last:
-            return full
-        return full + (1 if left > sampler.rank * sampler.batch_size else 0)
+        return self.tracked.sampler.batches_per_epoch()
 
     def position(self) -> tuple[int, int]:
         """(epoch, batches of it already handed over) of the next batch."""

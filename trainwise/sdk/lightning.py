@@ -81,12 +81,7 @@ class LightningLoader:
         return self.tracked.batch_size
 
     def __len__(self) -> int:
-        sampler = self.tracked.sampler
-        size = sampler.batch_size * sampler.world_size
-        full, left = divmod(int(sampler.indices.size), size)
-        if sampler.drop_last:
-            return full
-        return full + (1 if left > sampler.rank * sampler.batch_size else 0)
+        return self.tracked.sampler.batches_per_epoch()
 
     def __iter__(self):  # noqa: ANN204 - a generator
         sampler = self.tracked.sampler
