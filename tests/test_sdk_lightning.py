@@ -13,14 +13,8 @@ The example's epoch is 12 batches (180 training rows, batch 16, the last one 4 r
 
 from __future__ import annotations
 
-import json
-import os
-import random
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,97 +22,24 @@ import torch
 
 pytest.importorskip("lightning")
 
+from tests._example_job import (  # noqa: E402
+    ExampleJob,
+    assert_same_weights_and_data,
+    interrupt_twenty_times,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "lightning"
-SCRIPT = EXAMPLE / "train.py"
+SCRIPT = ROOT / "examples" / "lightning" / "train.py"
 MAX_STEPS = 40
-STEP_SLEEP_S = 0.1  # an interrupted start sleeps after each step, so a signal lands mid-run
-START_TIMEOUT_S = 120.0
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.pop("TRAINWISE_RUN_SPEC", None)
-    return env
-
-
-class Job:
-    """One start of the example: its folders, its process, its stdout lines."""
-
-    def __init__(self, base: Path, run_id: str = "lit") -> None:
-        self.run_id = run_id
-        self.run_dir, self.store = base / "run", base / "store"
-        self.notice_file = base / "notice"
-
-    def args(self, sleep_s: float) -> list[str]:
-        return [sys.executable, str(SCRIPT), "--run-id", self.run_id, "--run-dir",
-                str(self.run_dir), "--store-root", str(self.store), "--notice-file",
-                str(self.notice_file), "--max-steps", str(MAX_STEPS),
-                "--checkpoint-every-steps", "10", "--step-sleep-s", str(sleep_s)]
-
-    def run_to_end(self) -> list[str]:
-        done = subprocess.run(self.args(0.0), env=_env(), capture_output=True, text=True,
-                              timeout=START_TIMEOUT_S)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        return done.stdout.splitlines()
-
-    def start(self) -> subprocess.Popen:
-        return subprocess.Popen(self.args(STEP_SLEEP_S), env=_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1)
-
-    def interrupt(self, after_step: int, *, how: str = "sigterm") -> tuple[int, int, list[str]]:
-        """Starts the job, waits for its line of step `after_step` (or for its start when it
-        resumes past that step), sends the notice, and returns (exit code, the step its outcome
-        says it stopped at, stdout lines)."""
-        process = self.start()
-        lines: list[str] = []
-        deadline = time.monotonic() + START_TIMEOUT_S
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.append(line.rstrip("\n"))
-            if time.monotonic() > deadline:
-                break
-            resumed_past = line.startswith("resumed ") and int(line.split()[-1]) >= after_step
-            if line.startswith(f"step {after_step} ") or resumed_past:
-                if how == "sigterm":
-                    process.send_signal(signal.SIGTERM)
-                else:
-                    self.notice_file.write_text("reclaim\n")
-                break
-        else:
-            pytest.fail("the job ended before the step to interrupt at:\n" + "\n".join(lines))
-        rest, _ = process.communicate(timeout=START_TIMEOUT_S)
-        lines += rest.splitlines()
-        outcome = json.loads((self.run_dir / "outcome-rank0.json").read_text())
-        if self.notice_file.exists():
-            self.notice_file.unlink()  # the node agent's file is gone on the next node
-        return process.returncode, int(outcome["step"]), lines
-
-    def outcome(self) -> dict:
-        return json.loads((self.run_dir / "outcome-rank0.json").read_text())
-
-    def final_state(self) -> dict:
-        path = self.run_dir / "checkpoints" / "rank0" / f"step-{MAX_STEPS:07d}.pt"
-        return torch.load(path, map_location="cpu", weights_only=True)
-
-    def committed_steps(self) -> list[int]:
-        folder = self.store / "runs" / self.run_id / "checkpoints" / "rank0"
-        return sorted(int(p.name[5:12]) for p in folder.glob("step-*.pt.commit"))
+def Job(base: Path, run_id: str = 'lit', extra: tuple[str, ...] = ()) -> ExampleJob:
+    return ExampleJob(SCRIPT, base, run_id, max_steps=MAX_STEPS, extra=extra,
+                      timeout_s=120.0)
 
 
 def assert_same_training(resumed: dict, baseline: dict) -> None:
-    assert resumed["step"] == baseline["step"] == MAX_STEPS
-    for name, tensor in baseline["model"].items():
-        assert torch.equal(resumed["model"][name], tensor), f"model weight {name} differs"
-    for index, group in baseline["optimizer"]["state"].items():
-        for key, value in group.items():
-            other = resumed["optimizer"]["state"][index][key]
-            assert torch.equal(torch.as_tensor(other), torch.as_tensor(value)), \
-                f"optimizer state {index}.{key} differs"
-    assert resumed["scheduler"] == baseline["scheduler"]
-    assert resumed["sampler"] == baseline["sampler"]
+    assert_same_weights_and_data(resumed, baseline, MAX_STEPS)
     # Lightning's training progress (epoch, batch, optimizer and scheduler counts) is equal too.
     # Its validation counters are not compared: a notice on an epoch's last batch lets the
     # stopping process run that epoch's validation after the checkpoint, and the resumed epoch
@@ -185,22 +106,8 @@ def test_notice_file_stops_and_resumes_bit_identical(tmp_path, baseline):
 def test_twenty_interruptions_at_random_steps_stay_bit_identical(tmp_path, baseline):
     """One run stopped 20 times at steps drawn at random (seeded, so a failure replays), by
     SIGTERM and by the notice file in turn, every third resume from the store alone."""
-    draw = random.Random(26)
-    targets = sorted(draw.sample(range(1, MAX_STEPS - 1), 20))
     job = Job(tmp_path)
-    stops = []
-    for number, target in enumerate(targets):
-        how = "sigterm" if number % 2 == 0 else "notice_file"
-        code, stopped_at, lines = job.interrupt(after_step=target, how=how)
-        if job.outcome()["status"] == "completed":  # the notice came after the last step
-            break
-        assert code == 143, "\n".join(lines[-30:])
-        assert stopped_at in job.committed_steps()
-        stops.append(stopped_at)
-        if number % 3 == 2:
-            shutil.rmtree(job.run_dir / "checkpoints")
-    if job.outcome()["status"] != "completed":
-        job.run_to_end()
+    stops = interrupt_twenty_times(job, seed=26)
     assert len(stops) >= 18, stops
     assert_same_training(job.final_state(), baseline)
 
