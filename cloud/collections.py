@@ -4,31 +4,37 @@ File names are not parsed for meaning: a folder of traces says what it holds in 
 beside the files. (This module is `cloud.collections`; it never runs as a script, so it does not
 shadow the standard library's `collections`.)
 
-The format, every key (a `[files."NAME"]` value overrides the collection-wide one):
+The reference page of the format, every key with its default, an example and the errors, is
+`docs/market_data.md`. In short (a `[files."NAME"]` value overrides the collection-wide one):
 
     provider = "gcp"                    # required: aws, gcp, azure, ... (list prices: aws only)
     value_meaning = "available_count"   # required: "available_count" (a value counts nodes up)
                                         #   or "preempted_count" (it counts nodes taken away)
     nodes_per_file = 4                  # required: the cluster size each file records (0..N)
+    up_if_at_least = 1                  # optional: the file records ONE node of nodes_per_file
+                                        #   VMs, up when at least this many are (a 1-node market)
     kind = "preemption"                 # optional, free text (availability | preemption)
     source = "who recorded it, where"   # optional, free text
     tick_seconds = 300                  # optional when each file's metadata.gap_seconds says it
     start_time = 2024-05-01T00:00:00Z   # optional: the real instant of tick 0 (UTC offset needed)
     on_demand_usd_per_hour = 3.67       # optional: per node; else the list in cloud/prices.py
-    spot_usd_per_hour = 1.10            # optional: per node; else the AWS Spot Advisor saving
+    spot_usd_per_hour = 1.10            # optional: per node; else the prices recorded in the
+                                        #   trace file, else the AWS Spot Advisor saving
 
     [files."a100-zone-a.json"]          # one table per trace file, required for each *.json
     zone = "us-central1-a"              # required: AWS us-west-2a, GCP us-central1-a, Azure eastus-1
+                                        #   (distinct among the files of one instance type)
     instance_type = "a2-highgpu-1g"     # required
     region = "us-central1"              # optional: derived from the zone name when it follows
                                         #   AWS, GCP or Azure naming
-    gpus_per_node = 1                   # required for types not in cloud/prices.py
+    gpus_per_node = 1                   # required for types not in cloud/prices.py; 0: a CPU type
     ticks = 4000                        # optional check of the file's length
-    # and, per file: tick_seconds, start_time, nodes_per_file, on_demand_usd_per_hour,
-    # spot_usd_per_hour
+    # and, per file: tick_seconds, start_time, nodes_per_file, up_if_at_least,
+    # on_demand_usd_per_hour, spot_usd_per_hour
 
 Start times are given for every file or for none: zones are then aligned by real time, else
-paired by tick index from each file's first tick (the loaded traces say which).
+paired by tick index from each file's first tick (the loaded traces say which, and zones of
+unequal length paired so are warned about).
 """
 
 from __future__ import annotations
@@ -64,7 +70,8 @@ VALUE_MEANINGS: dict[str, TraceMeaning] = {
 _REQUIRED_TOP = ("provider", "value_meaning", "nodes_per_file", "files")
 # Keys that may appear at the top and in a file's table (the file's value wins).
 _SHARED_KEYS = (
-    "tick_seconds", "start_time", "nodes_per_file", "on_demand_usd_per_hour", "spot_usd_per_hour",
+    "tick_seconds", "start_time", "nodes_per_file", "up_if_at_least", "on_demand_usd_per_hour",
+    "spot_usd_per_hour",
 )
 _TOP_KEYS = (
     *_REQUIRED_TOP, *_SHARED_KEYS, "kind", "source", "value_meaning_note", "recorded_from_date",
@@ -92,6 +99,14 @@ class FileMeta:
     start_time_s: float | None = None
     on_demand_usd_per_hour: float | None = None
     spot_usd_per_hour: float | None = None
+    # The file records one node made of `nodes` VMs, up when at least this many are (None: the
+    # values count nodes, 0..nodes).
+    up_if_at_least: int | None = None
+
+    @property
+    def market_nodes(self) -> int:
+        """Nodes of the market the file loads as: 1 with up_if_at_least, else nodes_per_file."""
+        return 1 if self.up_if_at_least is not None else self.nodes
 
 
 @dataclass(frozen=True)
@@ -107,6 +122,12 @@ class CollectionMeta:
     @property
     def folder(self) -> str:
         return self.path.parent.name
+
+    @property
+    def market_nodes(self) -> int:
+        """The largest market a file of the collection loads as (nodes_per_file, or 1 where
+        up_if_at_least makes a file one node of several VMs): the gang it can hold."""
+        return max(f.market_nodes for f in self.files.values())
 
     @property
     def start_times_known(self) -> bool:
@@ -134,22 +155,50 @@ def region_of_zone(zone: str, provider: str | None = None) -> str:
     )
 
 
+# The example for a folder without collection.toml lists this many files' tables, then says how
+# many more need one (an error message is no place for hundreds of tables).
+EXAMPLE_FILES = 12
+
+
+def zone_in_file_name(name: str) -> tuple[str, str] | None:
+    """(zone, provider) a file name states, when one of its '_'-separated parts is an AWS, GCP
+    or Azure zone name ('us-east-1a_v100_1.json' -> ('us-east-1a', 'aws')); else None. Only
+    `how_to_write`'s example reads names: the loader takes zones from collection.toml."""
+    for part in Path(name).stem.split("_"):
+        for provider, pattern in ZONE_PATTERNS.items():
+            if pattern.match(part):
+                return part, provider
+    return None
+
+
 def how_to_write(folder: Path) -> str:
-    """A minimal collection.toml for `folder`, with a stub table for its first trace files."""
-    names = sorted(p.name for p in folder.glob("*.json"))[:3] or ["NAME.json"]
-    tables = "\n".join(
-        f'    [files."{name}"]\n    zone = "us-east-1a"                # the zone it was recorded in\n'
-        f'    instance_type = "p3.2xlarge"       # the node type\n'
-        for name in names
-    )
+    """A collection.toml for `folder`: one table per trace file, each with its own zone (from the
+    file name where it states one, else a placeholder to fill in)."""
+    names = sorted(p.name for p in folder.glob("*.json")) or ["NAME.json"]
+    found = [zone_in_file_name(name) for name in names]
+    provider = next((f[1] for f in found if f is not None), "aws")
+    tables = []
+    for name, named in zip(names[:EXAMPLE_FILES], found, strict=False):
+        zone = named[0] if named else None
+        zone_line = (f'    zone = "{zone}"' + " " * max(1, 35 - len(f'zone = "{zone}"'))
+                     + "# from the file name: check it\n") if zone else (
+            f'    zone = "ZONE-OF-{Path(name).stem}"  # fill in: the zone this file was recorded '
+            "in (one per file)\n")
+        tables.append(f'    [files."{name}"]\n{zone_line}'
+                      '    instance_type = "p3.2xlarge"       # the node type: check it\n')
+    more = len(names) - EXAMPLE_FILES
+    rest = (f"\nand one such table for each of the other {more} files "
+            f"({', '.join(names[EXAMPLE_FILES:EXAMPLE_FILES + 3])}, ...).\n" if more > 0 else "")
     return (
         f"Write {folder / COLLECTION_FILE}, for example:\n\n"
-        '    provider = "aws"                   # aws, gcp, azure, ...\n'
+        f'    provider = "{provider}"' + " " * (35 - len(f'provider = "{provider}"'))
+        + "# aws, gcp, azure, ...\n"
         '    value_meaning = "available_count"  # or "preempted_count": what one value counts\n'
         "    nodes_per_file = 1                 # cluster size each file records\n\n"
-        f"{tables}\n"
-        "Optional keys (region, gpus_per_node, tick_seconds, start_time, "
-        "on_demand_usd_per_hour, spot_usd_per_hour) are listed in cloud/collections.py."
+        + "\n".join(tables) + rest + "\n"
+        "Every zone is distinct among the files of one instance type. Optional keys (region, "
+        "gpus_per_node, tick_seconds, start_time, up_if_at_least, on_demand_usd_per_hour, "
+        "spot_usd_per_hour) are described in docs/market_data.md."
     )
 
 
@@ -201,6 +250,7 @@ def _parse(path: Path, doc: dict[str, Any]) -> CollectionMeta:
         if not isinstance(table, dict):
             raise CollectionError(f'{path}: files."{name}" must be a table of keys')
         files[name] = _file_meta(path, name, table, doc, provider, nodes)
+    _check_distinct_zones(path, files)
     known = [f.start_time_s is not None for f in files.values()]
     if any(known) and not all(known):
         without = [n for n, f in files.items() if f.start_time_s is None]
@@ -217,6 +267,22 @@ def _parse(path: Path, doc: dict[str, Any]) -> CollectionMeta:
         kind=str(doc.get("kind", "")),
         source=str(doc.get("source", "")),
     )
+
+
+def _check_distinct_zones(path: Path, files: dict[str, FileMeta]) -> None:
+    """Files of one instance type are the zones of one market: two saying the same zone would
+    be one zone twice (refused here, naming them, not later by the market)."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    for name, meta in files.items():
+        seen.setdefault((meta.instance_type, meta.zone), []).append(name)
+    for (instance_type, zone), names in seen.items():
+        if len(names) > 1:
+            raise CollectionError(
+                f"{path}: files {', '.join(names)} all say zone = {zone!r} with instance_type = "
+                f"{instance_type!r}; the zones of one instance type must be distinct (each file "
+                "is one zone's market): give each file the zone it was recorded in, or put "
+                "recordings of the same zone in folders of their own"
+            )
 
 
 def _file_meta(
@@ -244,14 +310,23 @@ def _file_meta(
         value = shared(key)
         return None if value is None else parse(where, key, value)
 
+    file_nodes = _positive_int(where, "nodes_per_file", table.get("nodes_per_file", nodes))
+    up_if = optional("up_if_at_least", _positive_int)
+    if up_if is not None and up_if > file_nodes:
+        raise CollectionError(
+            f"{where}: up_if_at_least = {up_if} is more than the {file_nodes} VMs the file "
+            f"records (nodes_per_file = {file_nodes}); the node is up when at least "
+            f"up_if_at_least of its nodes_per_file VMs are: use 1..{file_nodes}"
+        )
     return FileMeta(
         name=name,
         zone=zone,
         region=region,
         instance_type=_text(where, "instance_type", table["instance_type"]),
-        nodes=_positive_int(where, "nodes_per_file", table.get("nodes_per_file", nodes)),
+        nodes=file_nodes,
+        up_if_at_least=up_if,
         gpus_per_node=None if "gpus_per_node" not in table
-        else _positive_int(where, "gpus_per_node", table["gpus_per_node"]),
+        else _count(where, "gpus_per_node", table["gpus_per_node"]),
         tick_s=optional("tick_seconds", _positive_int),
         ticks=None if "ticks" not in table else _positive_int(where, "ticks", table["ticks"]),
         start_time_s=optional("start_time", _epoch_s),
@@ -280,6 +355,14 @@ def _text(where: object, key: str, value: object) -> str:
 def _positive_int(where: object, key: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise CollectionError(f"{where}: {key} = {value!r} must be a positive integer")
+    return value
+
+
+def _count(where: object, key: str, value: object) -> int:
+    """0 or more (gpus_per_node = 0: a CPU instance type)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise CollectionError(f"{where}: {key} = {value!r} must be an integer, 0 or more (0: a "
+                              "CPU instance type)")
     return value
 
 

@@ -141,6 +141,8 @@ def load_replay_market(
             raise ValueError(f"window_start_tick={window_start_tick} is past the end of {path} "
                              f"({trace.n_ticks} ticks); pick 0..{trace.n_ticks - 1}")
         available = trace.available[window_start_tick: window_start_tick + n_ticks]
+        if trace.spot_price_stated:  # collection.toml's, or the prices the trace file records
+            spot_usd, spot_source = trace.spot_usd_per_hour, trace.spot_price_source
         return ReplayMarket(zone, instance, trace.tick_s, available.copy(), window_start_tick,
                             str(path), spot_usd, on_demand, spot_source)
     return ReplayMarket(zone, instance, 195, synthetic_availability(n_ticks), 0,

@@ -14,8 +14,10 @@ Spot prices come from one of two stated sources, never from a guess:
 
 A trace collection may instead state its prices in its `collection.toml`
 (`on_demand_usd_per_hour`, `spot_usd_per_hour`, per file or for the whole collection; see
-`cloud/collections.py`): that is how another cloud or an unlisted instance type is priced.
-`node_prices` applies that order and names the file and the fix when a price is missing.
+`docs/market_data.md`): that is how another cloud or an unlisted instance type is priced. A trace
+file may record its own spot prices (`"prices": [...]`): where collection.toml states no spot
+price, they are billed (their mean) before the Spot Advisor is asked. `node_prices` applies that
+order and names the file and the fix when a price is missing.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from pathlib import Path
 from cloud.collections import COLLECTION_FILE, read_collection, region_of_zone
 
 PRICE_TABLE_DATE = "2025-06"
+# The start of a spot price source label that says the trace file's own prices are billed.
+RECORDED_IN_TRACE = "recorded in the trace file"
 
 # The Can't Be Late paper's single-node setting (Wu et al., NSDI'24, section 6).
 CANT_BE_LATE_ON_DEMAND_USD_PER_HOUR = 3.06
@@ -211,9 +215,11 @@ def node_prices(
     where: str = "",
     advisor_path: str | Path | None = None,
     file_name: str = "NAME",
+    recorded_spot_usd_per_hour: float | None = None,
 ) -> NodePrices:
-    """Prices stated in collection.toml first; else (AWS only) the list price and the Spot
-    Advisor's saving for the region. `where` names the trace file in errors."""
+    """Prices stated in collection.toml first; then, for spot, the mean of the prices recorded in
+    the trace file; else (AWS only) the list price and the Spot Advisor's saving for the region.
+    `where` names the trace file in errors."""
     fix = (
         f"add on_demand_usd_per_hour = ... and spot_usd_per_hour = ... (USD per node-hour) to "
         f"its [files.\"{file_name}\"] table or to the top of {COLLECTION_FILE}"
@@ -234,6 +240,9 @@ def node_prices(
         on_demand_source = f"AWS list price {PRICE_TABLE_DATE}"
     if spot_usd_per_hour is not None:
         return NodePrices(on_demand, spot_usd_per_hour, on_demand_source, COLLECTION_FILE)
+    if recorded_spot_usd_per_hour is not None:
+        return NodePrices(on_demand, recorded_spot_usd_per_hour, on_demand_source,
+                          f"{RECORDED_IN_TRACE} (mean of its prices)")
     if provider != "aws":
         raise ValueError(
             f"no spot price for {where or instance_type_name}: the Spot Advisor covers AWS "

@@ -7,10 +7,12 @@ benchmarks, so the product never imports `benchmarks` (issue 25).
 Settings (each a job shape on some trace folders):
 - `single_node`: the job shape of Can't Be Late (Wu et al., NSDI'24): 1 node, 48 h of training, a
   52 h deadline, 0.1 h changeover; on p3.2xlarge traces on-demand 3.06 USD/h and spot 0.9731 USD/h
-  as in the paper. Not that paper's exact setting (this one saves checkpoints; see
-  `benchmarks/cant_be_late`). The same job runs on every 1-node trace folder; the K80 and 8-GPU
-  traces of the 2022-10 folder price their own instance type (list price, spot from the Spot
-  Advisor saving) and are reported as cells of their own, never pooled with other prices.
+  as in the paper, unless the data states its own (collection.toml, or spot prices recorded in
+  the trace file: those are billed, `trace_prices`). Not that paper's exact setting (this one
+  saves checkpoints; see `benchmarks/cant_be_late`). The same job runs on every 1-node trace
+  folder; the K80 and 8-GPU traces of the 2022-10 folder price their own instance type (list
+  price, spot from the Spot Advisor saving) and are reported as cells of their own, never pooled
+  with other prices.
 - `gang_4node`: 4 x p3.2xlarge in one synchronous gang, 160 GPU-h of work, a 52 h deadline, on
   the REAL 4-node market as recorded (values 0..4 per zone).
 - `multi_node`: 16 x p3.2xlarge in one synchronous gang, 640 GPU-h of work, a 52 h deadline, on
@@ -32,16 +34,24 @@ Two scenario kinds, each with its own oracle:
   zone in turn): single-zone policies stay home, failover policies may move, paying a changeover.
 Windows per zone are evenly spaced start ticks over the trace (leave-one-collection-out) or over
 its later part (leave-time-out); `cloud/scenario_protocol.py` says what trainwise's risk model is
-fitted on.
+fitted on. A collection too short for a setting's window is skipped for that setting with a
+reason naming the collection, its shortest file, the setting and the lengths (`SkippedCell`);
+the other collections are scored.
+
+Which collections and settings are scored: `discovered_settings` (every collection in the spot
+data folder by its recorded cluster size, or a chosen subset, or every collection that can hold a
+chosen gang size).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import warnings
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -56,6 +66,7 @@ from cloud.risk_fit import AvailabilityHistory, folder_histories
 from cloud.scenario_protocol import (
     LOCO,
     LTO,
+    LTO_FIT_SHARE,
     PROTOCOLS,
     FitSplit,
     at_window_start,
@@ -110,11 +121,14 @@ class Setting:
         return self.copies > 1
 
     def job(self, gpus_per_node: int, deadline_h: float | None = None) -> JobSpec:
+        """The job on nodes of `gpus_per_node` GPUs; a CPU node (0 GPUs) counts as one unit, so
+        its work is node-hours at the same train_h."""
+        units = max(gpus_per_node, 1)
         return JobSpec(
-            work_gpu_h=self.train_h * self.node_count * gpus_per_node,
+            work_gpu_h=self.train_h * self.node_count * units,
             deadline_s=(deadline_h if deadline_h is not None else self.deadline_h) * 3600.0,
             node_count=self.node_count,
-            gpus_per_node=gpus_per_node,
+            gpus_per_node=units,
         )
 
 
@@ -171,23 +185,38 @@ SHORT_WINDOWS_FACTOR = 3
 
 
 def gang_setting(nodes: int) -> Setting:
-    """The real-gang setting for a collection recording `nodes`-node markets: the 4-node gang's
-    job shape (40 h of full-gang training, 52 h deadline), run as recorded."""
+    """The real-gang setting of `nodes` nodes: the 4-node gang's job shape (40 h of full-gang
+    training, 52 h deadline), on collections recording at least `nodes` nodes, as recorded."""
     if nodes == GANG_4NODE.node_count:
         return GANG_4NODE
     return replace(GANG_4NODE, name=f"gang_{nodes}node", node_count=nodes, folders=(),
-                   title=f"{nodes}-node gang on a real {nodes}-node market as recorded, 40 h of "
-                   "full-gang training, 52 h deadline")
+                   title=f"{nodes}-node gang on real markets of {nodes} or more nodes as "
+                   "recorded, 40 h of full-gang training, 52 h deadline")
 
 
-def settings_for(nodes_by_collection: dict[str, int]) -> tuple[Setting, ...]:
+def _by_suite_order(collections: Iterable[str]) -> list[str]:
+    known = {folder: i for i, folder in enumerate(SINGLE_NODE_FOLDERS)}
+    return sorted(collections, key=lambda c: (known.get(c, len(known)), c))
+
+
+def settings_for(
+    nodes_by_collection: dict[str, int], gang_size: int | None = None
+) -> tuple[Setting, ...]:
     """The suite's settings over these collections (name -> nodes per file): every 1-node
     collection in the single-node setting, every N-node one (N > 1) in the N-node gang setting
     as recorded, and the SYNTHETIC 16-node market where its 4-node source is present. So a
-    collection a user adds (with its collection.toml) is scored, not only used as a prior."""
-    known = {folder: i for i, folder in enumerate(SINGLE_NODE_FOLDERS)}
-    single = sorted((c for c, n in nodes_by_collection.items() if n == 1),
-                    key=lambda c: (known.get(c, len(known)), c))
+    collection a user adds (with its collection.toml) is scored, not only used as a prior.
+
+    With `gang_size` G: one setting only, the G-node job (the single-node one for G = 1, else
+    `gang_setting(G)`) on every collection recording at least G nodes (a 4-node collection can
+    be scored as a 1- or 2-node job); smaller collections are left out (`too_small_for`)."""
+    if gang_size is not None:
+        if gang_size < 1:
+            raise ValueError(f"gang_size={gang_size} must be at least 1")
+        fits = _by_suite_order(c for c, n in nodes_by_collection.items() if n >= gang_size)
+        base = SINGLE_NODE if gang_size == 1 else gang_setting(gang_size)
+        return (replace(base, folders=tuple(fits)),) if fits else ()
+    single = _by_suite_order(c for c, n in nodes_by_collection.items() if n == 1)
     out = [replace(SINGLE_NODE, folders=tuple(single))] if single else []
     gangs: dict[int, list[str]] = {}
     for collection, nodes in nodes_by_collection.items():
@@ -214,14 +243,38 @@ def short_settings(settings: Iterable[Setting]) -> tuple[Setting, ...]:
     return tuple(out)
 
 
+def too_small_for(nodes_by_collection: dict[str, int], gang_size: int) -> dict[str, str]:
+    """Collection -> why `settings_for(..., gang_size)` leaves it out (it records fewer nodes)."""
+    return {c: f"{c} records {n}-node markets, fewer than the {gang_size}-node gang asked for; "
+               "a spot gang could never run there"
+            for c, n in sorted(nodes_by_collection.items()) if n < gang_size}
+
+
 def collection_nodes(name: str) -> int:
-    """Nodes per file of a collection in the spot data folder (its collection.toml)."""
-    return read_collection(default_spot_dir() / name).nodes_per_file
+    """Nodes of the market a collection in the spot data folder loads as (its collection.toml:
+    nodes_per_file, or 1 where up_if_at_least makes each file one node of several VMs)."""
+    return read_collection(default_spot_dir() / name).market_nodes
 
 
-def discovered_settings() -> tuple[Setting, ...]:
-    """`settings_for` every collection in the spot data folder."""
-    return settings_for({name: collection_nodes(name) for name in all_collections()})
+def discovered_settings(
+    collections: Iterable[str] | None = None, gang_size: int | None = None
+) -> tuple[Setting, ...]:
+    """`settings_for` every collection in the spot data folder, or only `collections` (folder
+    names there; an unknown one is refused, naming the known ones)."""
+    return settings_for(collection_nodes_of(collections), gang_size)
+
+
+def collection_nodes_of(collections: Iterable[str] | None = None) -> dict[str, int]:
+    """Name -> market nodes of every collection in the spot data folder, or of `collections`."""
+    known = all_collections()
+    chosen = known if collections is None else tuple(collections)
+    unknown = [c for c in chosen if c not in known]
+    if unknown:
+        raise ValueError(
+            f"no collection {unknown[0]!r} in {default_spot_dir()} (a folder with a "
+            f"{COLLECTION_FILE}); collections there: {', '.join(known) or 'none'}"
+        )
+    return {name: collection_nodes(name) for name in chosen}
 
 
 def setting_of(collection: str) -> Setting:
@@ -270,15 +323,36 @@ class ZoneGroup:
     market: Market
     # What tables call it: the folder, or "synthetic: ..." for a synthetic market.
     label: str = ""
+    # (file name, ticks) of each zone's trace, for reasons that name them.
+    files: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class SkippedCell:
+    """Cells of a setting not scored on a collection, and why (`build_scenarios`)."""
+
+    setting: str
+    protocol: str
+    folder: str
+    instance_type: str
+    reason: str
+
+
+class SkippedCellWarning(UserWarning):
+    """A collection too short for a setting's window: its cells are skipped, the others run."""
 
 
 def trace_prices(trace: SpotTrace) -> tuple[float, float]:
-    """(spot, on-demand) USD per node-hour: prices stated in the collection when it has them;
-    else the paper's prices on p3.2xlarge, else the loader's list price and Spot Advisor saving
-    for the zone's region."""
-    if not trace.prices_from_collection and trace.instance_type == "p3.2xlarge":
-        return CANT_BE_LATE_SPOT_USD_PER_HOUR, CANT_BE_LATE_ON_DEMAND_USD_PER_HOUR
-    return trace.spot_usd_per_hour, trace.on_demand_usd_per_hour
+    """(spot, on-demand) USD per node-hour: each price the data states (collection.toml; for
+    spot also the prices recorded in the trace file) is billed; a price looked up is the paper's
+    on p3.2xlarge, else the loader's list price and Spot Advisor saving for the zone's region."""
+    paper = trace.instance_type == "p3.2xlarge"
+    spot = (trace.spot_usd_per_hour if trace.spot_price_stated or not paper
+            else CANT_BE_LATE_SPOT_USD_PER_HOUR)
+    on_demand = (trace.on_demand_usd_per_hour
+                 if trace.on_demand_price_source == COLLECTION_FILE or not paper
+                 else CANT_BE_LATE_ON_DEMAND_USD_PER_HOUR)
+    return spot, on_demand
 
 
 def gang_market(
@@ -328,7 +402,8 @@ def zone_groups(setting: Setting, max_zones: int | None = None) -> list[ZoneGrou
             )
             first = traces[0]
             groups.append(
-                ZoneGroup(folder, first.instance_type, first.gpus_per_node, market, label)
+                ZoneGroup(folder, first.instance_type, first.gpus_per_node, market, label,
+                          tuple((Path(t.source_path).name, t.n_ticks) for t in traces))
             )
     return groups
 
@@ -359,12 +434,16 @@ def build_scenarios(
     folders: tuple[str, ...] | None = None,
     starts_deadline_h: float | None = None,
     protocol: str = LOCO,
+    skipped: list[SkippedCell] | None = None,
 ) -> list[Scenario]:
     """Scenarios of `setting` under `protocol` (LOCO: windows over the whole trace, each scored
     with a model fitted on the other collections; LTO: windows after the split tick only, the
     model fitted on the ticks before it). `starts_deadline_h` places the windows as if the
     deadline were that long, so a sweep over deadlines starts every deadline's windows at the
-    same ticks."""
+    same ticks.
+
+    A collection's market too short for the window is skipped with its reason: appended to
+    `skipped` when given, else warned (`SkippedCellWarning`); the other collections run."""
     deadline_h = deadline_h if deadline_h is not None else setting.deadline_h
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol {protocol!r} must be one of {PROTOCOLS}")
@@ -385,6 +464,14 @@ def build_scenarios(
             starts_ticks = max(
                 window_ticks, math.floor(starts_deadline_h * 3600 / group.market.tick_s)
             )
+        short = _too_short(setting, protocol, group, starts_ticks)
+        if short is not None:
+            cell = SkippedCell(setting.name, protocol, group.folder, group.instance_type, short)
+            if skipped is None:
+                warnings.warn(short, SkippedCellWarning, stacklevel=2)
+            else:
+                skipped.append(cell)
+            continue
         if protocol == LOCO:
             split = loco_split(group.folder, collections)
             starts = window_starts(group.market.n_ticks, starts_ticks, windows_per_zone)
@@ -433,6 +520,34 @@ def build_scenarios(
                         )
                     )
     return scenarios
+
+
+def _too_short(setting: Setting, protocol: str, group: ZoneGroup, window_ticks: int
+               ) -> str | None:
+    """Why `group`'s market cannot hold a window of `setting` under `protocol`, or None."""
+    n_ticks = group.market.n_ticks
+    if protocol == LOCO:
+        if n_ticks >= window_ticks:
+            return None
+        need = f"a window of {window_ticks} ticks"
+    else:
+        try:
+            lto_split_tick(n_ticks, window_ticks)
+            return None
+        except ValueError:
+            need = (f"a window of {window_ticks} ticks after the leave-time-out fit's first "
+                    f"{int(n_ticks * LTO_FIT_SHARE)} ticks")
+    hours = window_ticks * group.market.tick_s / 3600
+    shortest = min(group.files, key=lambda f: f[1]) if group.files else None
+    files = (f"its shortest file {shortest[0]} holds {shortest[1]} ticks" if shortest
+             else "no file named")
+    synthetic = f" (market {group.label})" if group.label and group.label != group.folder else ""
+    return (
+        f"skipped {group.folder} ({group.instance_type}) for setting {setting.name!r} under "
+        f"{protocol}: it needs {need} ({hours:g} h at {group.market.tick_s} s a tick), but the "
+        f"market of its zones{synthetic} holds {n_ticks} ticks ({files}; zones are paired over "
+        "their common length); the other collections are scored"
+    )
 
 
 def rules_for(setting: Setting) -> ClusterRules:

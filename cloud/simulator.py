@@ -188,6 +188,12 @@ def market_from_traces(
     ticks = {t.tick_s for t in traces}
     if len(ticks) != 1:
         raise ValueError(f"traces of one market must share a tick, got {sorted(ticks)} seconds")
+    zones = [t.zone for t in traces]
+    repeated = sorted({z for z in zones if zones.count(z) > 1})
+    if repeated:
+        files = [t.source_path for t in traces if t.zone in repeated]
+        raise ValueError(f"zones must be distinct: {', '.join(files)} all record zone "
+                         f"{repeated[0]!r}; give each file its own zone in its collection.toml")
     values = availability if availability is not None else [t.available for t in traces]
     length = min(len(v) for v in values)
     return Market(

@@ -14,14 +14,22 @@ pins it again for every folder we ship: a collection.toml that disagrees is refu
 90%-available zone as 10%-available would silently flip every savings figure.
 
 A collection recording N-node clusters (`nodes_per_file = N`) loads as an N-node market, values
-0..N, as recorded. Zones of one instance type are aligned by their real start time when the
-collection gives one for every file; otherwise they are paired by tick index from each file's
-first tick, and every loaded trace says so in `alignment`.
+0..N, as recorded; with `up_if_at_least = K` a file records one node of N VMs instead, up when at
+least K of them are (a 1-node market). Zones of one instance type are aligned by their real start
+time when the collection gives one for every file; otherwise they are paired by tick index from
+each file's first tick, every loaded trace says so in `alignment`, and zones of unequal length
+paired so are warned about (`TraceAlignmentWarning`: the markets built from them keep the
+shortest zone's ticks).
+
+Spot prices recorded in a trace file (`"prices": [...]`, USD per node-hour) are billed when
+collection.toml states no spot price (`cloud.prices.node_prices`): one price per zone, their mean,
+with a warning when they vary (the replay bills one price per zone).
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -39,7 +47,8 @@ from cloud.collections import (
 
 __all__ = [
     "ALIGNED_BY_START_TIME", "ALIGNED_AT_TICK_0", "FOLDER_MEANING", "MAX_TRACE_BYTES",
-    "CollectionError", "SpotTrace", "TraceCollection", "TraceMeaning", "align_by_start_time",
+    "CollectionError", "SpotTrace", "TraceAlignmentWarning", "TraceCollection", "TraceMeaning",
+    "TracePriceWarning", "align_by_start_time",
     "default_spot_dir", "group_by_shape", "load_collection", "load_folder", "load_trace",
     "read_trace_values", "region_of_zone", "scaled_availability", "window_of",
 ]
@@ -55,6 +64,16 @@ FOLDER_MEANING: dict[str, TraceMeaning] = {
 
 # The shipped files are ~100 KB; a trace this large is refused before it is read.
 MAX_TRACE_BYTES = 64 << 20
+
+
+class TraceAlignmentWarning(UserWarning):
+    """Zones of unequal length paired at tick 0 (no start times): the longer ones are cut."""
+
+
+class TracePriceWarning(UserWarning):
+    """Spot prices recorded in a trace file that are not billed as recorded (varying: their
+    mean is billed; not numbers, or not positive: not billed at all)."""
+
 
 ALIGNED_BY_START_TIME = "start_time"
 ALIGNED_AT_TICK_0 = (
@@ -103,6 +122,13 @@ class SpotTrace:
     def prices_from_collection(self) -> bool:
         """Both prices were stated in collection.toml (not looked up)."""
         return self.on_demand_price_source == self.spot_price_source == COLLECTION_FILE
+
+    @property
+    def spot_price_stated(self) -> bool:
+        """The spot price comes from the data (collection.toml or the prices recorded in the
+        trace file), not from a table looked up."""
+        return (self.spot_price_source == COLLECTION_FILE
+                or self.spot_price_source.startswith(prices.RECORDED_IN_TRACE))
 
     def window(self, start_tick: int, n_ticks: int) -> np.ndarray:
         """Availability for ticks [start_tick, start_tick + n_ticks); errors name valid starts."""
@@ -189,12 +215,29 @@ def read_trace_values(path: str | Path) -> tuple[int | None, np.ndarray, float |
             f"spot trace {path}: data must be a flat list of integers, got dtype {values.dtype} "
             f"with {values.ndim} dimensions"
         )
-    prices_raw = raw.get("prices")
-    recorded = None
-    if isinstance(prices_raw, list) and prices_raw:
-        numbers = [p for p in prices_raw if isinstance(p, (int, float)) and not isinstance(p, bool)]
-        recorded = float(np.mean(numbers)) if len(numbers) == len(prices_raw) else None
-    return gap, values, recorded
+    return gap, values, _recorded_price(path, raw.get("prices"))
+
+
+def _recorded_price(path: Path, prices_raw: object) -> float | None:
+    """The mean of the spot prices a trace file records (billed: `cloud.prices.node_prices`), or
+    None where it records none; prices that cannot be billed are refused with a warning."""
+    if prices_raw is None or prices_raw == []:
+        return None
+    numbers = [p for p in prices_raw if isinstance(p, (int, float)) and not isinstance(p, bool)
+               ] if isinstance(prices_raw, list) else []
+    if not numbers or len(numbers) != len(prices_raw) or min(numbers) <= 0:  # type: ignore[arg-type]
+        warnings.warn(
+            f"spot trace {path}: its 'prices' are not a list of positive numbers (USD per "
+            "node-hour): NOT billed; the spot price comes from collection.toml or the Spot "
+            "Advisor instead", TracePriceWarning, stacklevel=3)
+        return None
+    low, high, mean = min(numbers), max(numbers), float(np.mean(numbers))
+    if high > low * 1.01:
+        warnings.warn(
+            f"spot trace {path}: its recorded spot prices vary ({low:g} to {high:g} USD/h); the "
+            f"replay bills one price per zone: their mean, {mean:.4f} USD/h", TracePriceWarning,
+            stacklevel=3)
+    return mean
 
 
 def load_trace(
@@ -238,6 +281,10 @@ def load_trace(
                          f"{info.ticks}; fix the metadata or the file")
     _check_counts(where, values, capacity)
     available = values if meta.meaning is TraceMeaning.AVAILABLE else capacity - values
+    if info.up_if_at_least is not None:
+        # One node of `capacity` VMs, up when at least up_if_at_least of them are.
+        available = (available >= info.up_if_at_least).astype(np.int64)
+        capacity = 1
     gpus = info.gpus_per_node
     if gpus is None:
         if info.instance_type not in prices.INSTANCE_TYPES:
@@ -249,7 +296,7 @@ def load_trace(
     node_prices = prices.node_prices(
         info.instance_type, info.region, meta.provider, info.on_demand_usd_per_hour,
         info.spot_usd_per_hour, where=f"{where} ({info.instance_type} in {info.region})",
-        file_name=path.name,
+        file_name=path.name, recorded_spot_usd_per_hour=recorded,
     )
     return SpotTrace(
         folder=meta.folder,
@@ -331,7 +378,11 @@ def load_collection(
     raw = [load_trace(path / name, meaning, collection=meta) for name in sorted(meta.files)]
     traces: list[SpotTrace] = []
     for group in group_by_shape(raw).values():
-        traces += align_by_start_time(group) if meta.start_times_known else group
+        if meta.start_times_known:
+            traces += align_by_start_time(group)
+        else:
+            _warn_unequal_at_tick_0(meta, group)
+            traces += group
     return TraceCollection(meta, tuple(sorted(traces, key=lambda t: (t.node_shape, t.zone))))
 
 
@@ -379,6 +430,21 @@ def align_by_start_time(traces: list[SpotTrace]) -> list[SpotTrace]:
         )
         for t, o in zip(traces, offsets, strict=True)
     ]
+
+
+def _warn_unequal_at_tick_0(meta: CollectionMeta, group: list[SpotTrace]) -> None:
+    """Zones paired by tick index that do not cover the same span: say so, naming them."""
+    lengths = {t.n_ticks for t in group}
+    if len(lengths) < 2:
+        return
+    shortest = min(lengths)
+    zones = ", ".join(f"{t.zone} ({Path(t.source_path).name}): {t.n_ticks} ticks"
+                      for t in sorted(group, key=lambda t: (t.n_ticks, t.zone)))
+    warnings.warn(
+        f"{meta.folder}: the {group[0].instance_type} zones have unequal lengths and no "
+        f"start_time, so they are paired at tick 0 and a market of them keeps the first "
+        f"{shortest} ticks: {zones}. Give start_time for every file in {meta.path} to align them "
+        "by real time", TraceAlignmentWarning, stacklevel=3)
 
 
 def group_by_shape(traces: list[SpotTrace]) -> dict[str, list[SpotTrace]]:

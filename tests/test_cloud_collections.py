@@ -125,8 +125,10 @@ def test_a_folder_without_collection_toml_is_refused_with_an_example(tmp_path):
         load_folder("bare", tmp_path)
     text = str(error.value)
     assert "has no collection.toml" in text and str(tmp_path / "bare" / "collection.toml") in text
-    for line in ('provider = "aws"', 'value_meaning = "available_count"', "nodes_per_file = 1",
-                 '[files."us-central1-a_a100_40gb_8.json"]', "zone = ", "instance_type = "):
+    # The provider and the zone follow the file name where it states a zone (issue 30).
+    for line in ('provider = "gcp"', 'value_meaning = "available_count"', "nodes_per_file = 1",
+                 '[files."us-central1-a_a100_40gb_8.json"]', 'zone = "us-central1-a"',
+                 "instance_type = "):
         assert line in text
     # The example is itself a collection.toml the loader reads (once its values are filled in).
     example = "\n".join(line.strip() for line in text.split("for example:", 1)[1].splitlines()

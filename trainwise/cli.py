@@ -236,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
         "data | emulated | faults | cant_be_late | cant_be_late_trainwise | "
         "cant_be_late_ceiling | stragglers_ddp | "
         "time_to_quality | rl | rl_retraining | ingestion | fidelity | end_to_end | hpo | all"))
-    bench.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the suite")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to the suite "
+                       "(SUITE --help lists them; cost: --collections, --jobs, --gang-size)")
     bench.set_defaults(func=_cmd_bench)
 
     explain = sub.add_parser("explain", help="print the decision timeline of a run")

@@ -1,4 +1,5 @@
-"""Command line of the cost suite: `python -m benchmarks.cost [--quick] [--out DIR]`."""
+"""Command line of the cost suite: `python -m benchmarks.cost [--quick] [--out DIR]
+[--collections NAMES] [--jobs NAMES] [--gang-size N]` (also `trainwise bench cost ...`)."""
 
 from __future__ import annotations
 
@@ -24,15 +25,21 @@ from cloud.scenario_protocol import LOCO, LTO, LTO_FIT_SHARE, PROTOCOLS
 from cloud.scenarios import (
     SHORT_WINDOWS_FACTOR,
     SINGLE_NODE,
+    Setting,
+    SkippedCell,
     build_scenarios,
-    discovered_settings,
+    collection_nodes_of,
     rules_for,
+    settings_for,
     short_settings,
+    too_small_for,
 )
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "results"
 SWEEP_FOLDER = "availability-1node-aws-2023-02"
 SWEEP_DEADLINES_H = (50.0, 52.0, 56.0, 60.0, 66.0, 72.0)
+# The job-shape name of the cost-vs-slack sweep (`--jobs`); the others are settings' names.
+SWEEP_JOB = "slack_sweep"
 
 NOTES = """Only out-of-sample figures are headlines. Two protocols (`cloud/scenario_protocol.py`),
 reported apart: leave-one-collection-out (a window of collection C is scored with a risk model
@@ -45,7 +52,7 @@ chosen in earlier waves by looking at this suite, so its figures are out of samp
 model, not for its design. trainwise_learned (its own section) is trained once per held-out
 part on what that part's split allows. No other policy fits anything.
 
-Cells: one setting, kind, collection and instance type (one price). `windows`: scenarios (zone x
+Cells: one setting, kind, collection and instance type. `windows`: scenarios (zone x
 start); `independent`: the most windows of the cell that share no hour (zones at the same hours
 count once). Intervals: 95% percentile bootstrap, 2,000 draws, seed 20261201, resampling time
 blocks of one window length per collection (all zones and starts in it); windows in adjacent
@@ -75,9 +82,11 @@ per zone). The SYNTHETIC 16-node market (4 copies of the 4-node trace shifted by
 reported apart, labelled, never pooled and never a headline. Zones of one folder are paired by tick
 index from each file's first tick where no collection.toml records start times (none does yet).
 Multi-zone scenarios: the zones of one collection with the same instance type, each in turn the
-home zone (single-zone policies stay there). Prices: p3.2xlarge on-demand 3.06 and spot 0.9731
-USD/h (the Can't Be Late paper); other types AWS list price and the June 2025 Spot Advisor saving
-of their region."""
+home zone (single-zone policies stay there). Prices: a price the data states is billed (a
+collection.toml's, or the spot prices a trace file records: 0.918 USD/h in three of the four zones
+of preemption-1node-aws-2023-04); else p3.2xlarge on-demand 3.06 and spot 0.9731 USD/h (the Can't
+Be Late paper), other types AWS list price and the June 2025 Spot Advisor saving of their region.
+A collection too short for a setting's window is not scored there (section "Not scored")."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -109,7 +118,58 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--learned-dir", type=Path, default=None,
                         help=f"keep each fold's {LEARNED} policy file here (default: a temp dir)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--collections", default=None, metavar="NAMES",
+        help="comma-separated collections (folder names in the spot data folder) to score "
+             "(default all); the others still serve as leave-one-collection-out priors")
+    parser.add_argument(
+        "--jobs", default=None, metavar="NAMES",
+        help="comma-separated job shapes to run (default all): setting names such as "
+             f"single_node, gang_4node, multi_node, gang_4node_short, and {SWEEP_JOB}; an "
+             "unknown name is refused with the valid ones for the chosen collections")
+    parser.add_argument(
+        "--gang-size", type=int, default=None, metavar="N",
+        help="score every chosen collection recording at least N nodes as one N-node job "
+             "(1: the single-node job) instead of one setting per recorded cluster size; "
+             "collections recording fewer nodes are skipped with a reason")
     return parser.parse_args(argv)
+
+
+def _names(text: str | None) -> tuple[str, ...] | None:
+    return None if text is None else tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+def choose_settings(
+    args: argparse.Namespace,
+) -> tuple[tuple[Setting, ...], tuple[Setting, ...], str | None, list[SkippedCell]]:
+    """(settings, short settings, the slack sweep's collection or None, collections left out)
+    for the --collections, --gang-size and --jobs options; a bad name exits naming the valid
+    ones."""
+    if args.gang_size is not None and args.gang_size < 1:
+        raise SystemExit(f"--gang-size {args.gang_size}: a gang has at least 1 node")
+    try:
+        nodes = collection_nodes_of(_names(args.collections))
+    except ValueError as error:
+        raise SystemExit(f"--collections: {error}") from None
+    settings = settings_for(nodes, args.gang_size)
+    left_out = [] if args.gang_size is None else [
+        SkippedCell(f"gang of {args.gang_size}", "both", name, "", reason)
+        for name, reason in too_small_for(nodes, args.gang_size).items()]
+    shorts = short_settings(settings)
+    single = next((s for s in settings if s.name == SINGLE_NODE.name), None)
+    sweep_folder = None if single is None else (
+        SWEEP_FOLDER if SWEEP_FOLDER in single.folders else single.folders[0])
+    jobs = _names(args.jobs)
+    if jobs is None:
+        return settings, shorts, sweep_folder, left_out
+    valid = [*(s.name for s in settings), *(s.name for s in shorts), SWEEP_JOB]
+    unknown = [j for j in jobs if j not in valid]
+    if unknown:
+        raise SystemExit(f"--jobs: no job shape {unknown[0]!r} for these collections; valid: "
+                         f"{', '.join(valid)}")
+    return (tuple(s for s in settings if s.name in jobs),
+            tuple(s for s in shorts if s.name in jobs),
+            sweep_folder if SWEEP_JOB in jobs else None, left_out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,10 +200,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # Every collection in the spot data folder is scored (cloud.scenarios.settings_for): a collection a
     # user adds with its collection.toml gets cells of its own, not only a place in the priors.
-    settings = discovered_settings()
-    single = next((s for s in settings if s.name == SINGLE_NODE.name), None)
-    sweep_folder = None if single is None else (
-        SWEEP_FOLDER if SWEEP_FOLDER in single.folders else single.folders[0])
+    # --collections, --gang-size and --jobs narrow that down; what is left out says why.
+    settings, shorts, sweep_folder, skipped = choose_settings(args)
     outcomes = []
     for protocol in PROTOCOLS:
         for setting in settings:
@@ -151,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue  # a time split of a shifted-copy market leaks (build_scenarios refuses)
             rules = rules_for(setting)
             scenarios = build_scenarios(setting, rules, windows, max_zones=max_zones,
-                                        protocol=protocol)
+                                        protocol=protocol, skipped=skipped)
             outcomes += run_scenarios(scenarios, policies,
                                       progress_bar(show, f"{protocol} {setting.name}"), factories)
     sweep_outcomes = []
@@ -167,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             folders=(sweep_folder,),
             starts_deadline_h=max(sweep_deadlines),
             protocol=LOCO,
+            skipped=skipped,
         )
         sweep_outcomes += run_scenarios(
             scenarios, policies, progress_bar(show, f"sweep {deadline_h:g} h"), factories
@@ -176,9 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     short_windows = windows * SHORT_WINDOWS_FACTOR
     short_outcomes = []
     for protocol in PROTOCOLS:
-        for setting in short_settings(settings):
+        for setting in shorts:
             scenarios = build_scenarios(setting, rules_for(setting), short_windows,
-                                        max_zones=max_zones, protocol=protocol)
+                                        max_zones=max_zones, protocol=protocol, skipped=skipped)
             short_outcomes += run_scenarios(
                 scenarios, short_policies, progress_bar(show, f"{protocol} {setting.name}"))
     # The learned policy needs a fold (a held-out part); a whole-trace replay has none.
@@ -205,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
             for s in settings
         ],
         "policies": list(policies),
+        "selection": {"collections": _names(args.collections), "jobs": _names(args.jobs),
+                      "gang_size": args.gang_size},
+        "skipped": [asdict(cell) for cell in skipped],
         "windows_per_zone": windows,
         "quick": args.quick,
         "headline": report.headline_rows(outcomes),
@@ -216,8 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             **learned.summary(),
             "rows": report.learned_rows(outcomes, learned.summary()["folds"])},
         "short_jobs": {
-            "settings": [{**asdict(s), "rules": asdict(rules_for(s))}
-                         for s in short_settings(settings)],
+            "settings": [{**asdict(s), "rules": asdict(rules_for(s))} for s in shorts],
             "windows_per_zone": short_windows,
             "policies": list(short_policies),
             "headline": report.headline_rows(short_outcomes),

@@ -395,6 +395,17 @@ def render_markdown(payload: dict[str, Any], policies: tuple[str, ...]) -> str:
                    else f" ({cells[n]['deadlines_met']:.0%} met)")
                 for n in [ORACLE, *policies])
             + " |")
+    skipped = payload.get("skipped") or []
+    if skipped:
+        parts += ["", "## Not scored", "",
+                  "Collections left out of a setting (too short for its window, or too small "
+                  "for the gang asked for); every other cell above was scored.", ""]
+        parts += [f"- {cell['reason']}" for cell in skipped]
+    selection = payload.get("selection") or {}
+    if any(selection.values()):
+        parts += ["", "Chosen on the command line: " + "; ".join(
+            f"{key} {', '.join(value) if isinstance(value, (list, tuple)) else value}"
+            for key, value in selection.items() if value) + "."]
     timing = payload["timing"]
     parts += [
         "", "## Timing", "",
