@@ -176,7 +176,9 @@ def test_an_emulated_trainers_job_and_log_are_not_written_through_planted_links(
     processes = SimpleNamespace(
         pids=[], run_dir=run, store_dir=None, checkpoint_path=None, shards_dir=run / "shards",
         train_config={}, trainer_ignores_notice=False, store_key_prefix="", fast_policy=None,
-        job_extra={}, trainer_risk=lambda: None)
+        job_extra={}, trainer_risk=lambda: None, workload=None)  # the built-in worker
+    processes.worker_child = lambda *args: emulated_trainer._TrainerProcesses.worker_child(
+        processes, *args)
     with pytest.raises(_Spawned):
         emulated_trainer._TrainerProcesses.spawn(processes)
     logs[0].close()
