@@ -279,7 +279,8 @@ def to_markdown(result: dict[str, Any]) -> str:
     verdict += (f" Wall clock: {ing['events_per_s']:,.0f} events/s. Reading, checking and "
                 f"decoding the files (marker sha256, one msgspec decode per sealed segment, its "
                 f"line texts as one Arrow array) takes {ing['files_share']:.0%} of the ingest's "
-                "CPU time; the DuckDB insert (zstd) and replay marking the rest.")
+                "CPU time; the DuckDB insert (zstd; replay flags set as the rows go in) the "
+                "rest.")
     lines = [
         "# Telemetry ingestion throughput",
         "",

@@ -8,10 +8,22 @@ fields are checked as JSON and skipped, not built), finds the line ends with num
 the line texts to the store as one Arrow array of the `arrow.json` type (the body's bytes less
 its newlines, one copy), which DuckDB takes as JSON without parsing them again.
 
-Why not DuckDB's `read_json`: measured on DuckDB 2.0, its JSON parser accepts what the reader
-refuses (NaN, trailing commas, any nesting depth; a duplicate key reads as its first value where
-Python reads the last), it cannot hand back a line's text for `payload`, and its typed
-extraction cost more CPU than msgspec's decode (0.43 s against 0.35 s per 200K events).
+Why not DuckDB's own reader (`read_ndjson` with an explicit schema), measured again for issue 29
+on DuckDB 2.0.1 over the 1M events of `benchmarks/ingestion.py --full` (465 MiB, 1001 sealed
+segments; CPU seconds, one thread):
+- typed columns (type, run_id, rank, step, wall_time_s) by `read_ndjson(..., columns=...)`: 0.84 s,
+  against 0.44 s for msgspec's `decode_lines` of the same fields;
+- `read_ndjson` cannot hand back a line's text for `payload`: `read_json(records=false)` with a
+  JSON column writes the value out again (1M lines came back 12 bytes longer); the text needs
+  a second reader (`read_csv` of whole lines, 0.40 s) and `from_json` per line (1.33 s both);
+- the whole INSERT ... SELECT from those, over every file in one statement, line numbers by
+  `WITH ORDINALITY`: 2.62 s, the same as msgspec's columns plus the Arrow insert (2.65 s); one
+  statement per segment (its line numbers its own) 4.5 s;
+- its parser accepts what the reader refuses: NaN, Infinity, trailing commas, any nesting
+  depth; and a duplicate key reads as its first value (`from_json`) where Python reads the last.
+  Each would need a check of its own per line.
+So DuckDB reading the files costs as much CPU, checks less, and still needs the bytes read in
+Python for the marker's sha256; msgspec stays, and DuckDB takes its columns as Arrow.
 
 Strictness. msgspec is stricter than the standard library where they differ (it refuses NaN,
 trailing commas, a lone surrogate escape, a float step, a bool rank), so it never accepts a line
@@ -105,6 +117,29 @@ def repeated_string(value: str, count: int) -> pa.Array:
 def repeated_int32(value: int, count: int) -> pa.Array:
     return pa.Array.from_buffers(pa.int32(), count,
                                  [None, pa.py_buffer(struct.pack("<i", value) * count)])
+
+
+def equal_strings(strings: pa.Array, text: str) -> np.ndarray:
+    """Which values of a string array without nulls equal `text`, as a numpy bool array. Not
+    `pyarrow.compute.equal`: its first call adds 40 MiB to the process's RSS."""
+    target = text.encode("utf-8")
+    count = len(strings)
+    _, offsets_buffer, data_buffer = strings.buffers()
+    offsets = np.frombuffer(offsets_buffer, np.int32, count + 1, strings.offset * 4)
+    starts = offsets[:-1]
+    match = (offsets[1:] - starts) == len(target)
+    if data_buffer is None or not match.any():
+        return match
+    data = np.frombuffer(data_buffer, np.uint8)
+    for index, byte in enumerate(target):
+        match[match] = data[starts[match] + index] == byte
+    return match
+
+
+def int64_values(values: pa.Array) -> np.ndarray:
+    """The values of an int64 array without nulls, as numpy over its buffer (no copy). Not
+    `to_numpy`: its first call imports pandas (40 MiB of RSS)."""
+    return np.frombuffer(values.buffers()[1], np.int64, len(values), values.offset * 8)
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,11 @@ the rank: the same for every process that wrote into one run folder (a resumed p
 segments to the same folder), different for an unrelated run reusing the id. A step (or eval)
 event whose (run_id, run_instance, rank, type, step) already appeared earlier in (segment, line)
 order was written again after a resume from an older checkpoint: it gets `is_replay = true`;
-queries count its time as preemption waste, never as new training (dbt/models). The flag is
-recomputed in SQL for every touched (run, instance, rank) after each insert, so ingestion stays
-incremental and idempotent even when files arrive out of order.
+queries count its time as preemption waste, never as new training (dbt/models). Rows appended
+after everything their (run, instance, rank) holds (the usual case) get their flag as they are
+inserted (`ReplayFlags`); a group whose files arrived out of order has its flags recomputed in
+SQL after the inserts (`_mark_replays`), so ingestion stays incremental and idempotent either
+way.
 
 Re-ingestion. A sealed segment whose lines the store already holds (same key, same count) is
 checked against its marker and not decoded again (`_new_lines`): re-ingesting a run costs
@@ -68,19 +70,29 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from telemetry.ingest_fast import (
     SegmentColumns,
     SegmentRows,
+    equal_strings,
     float64_array,
     int64_array,
+    int64_values,
     payload_array,
     rows_table,
     sealed_columns,
     string_array,
 )
-from telemetry.reader import Segment, list_segments, parse_line, parse_text, segment_body
+from telemetry.reader import (
+    Segment,
+    list_segments,
+    newlines,
+    parse_line,
+    parse_text,
+    segment_body,
+)
 
 TABLE = "telemetry_events"
 REPLAYABLE_EVENT_TYPES = ("step", "eval")  # repeated work when a resume replays steps
@@ -331,10 +343,6 @@ def _strict_columns(segment: Segment, body: bytes, first: dict[str, Any],
     )
 
 
-def _newlines(body: bytes) -> int:
-    return len(body) - len(body.replace(b"\n", b""))  # memchr speed; bytes.count is 9x slower
-
-
 def _new_lines(run_dir: Path, stored: StoredLines,
                torn: list[tuple[str, int]]) -> Iterator[SegmentRows]:
     """The lines of each segment of a run that the store lacks, segment by segment, in order.
@@ -360,16 +368,15 @@ def _new_lines(run_dir: Path, stored: StoredLines,
         first = parse_line(segment, 0, first_text)
         key = segment_key(first)
         instance = instance_of_rank.setdefault(segment.rank, key)
-        lines = _newlines(body)
         done = stored.get((segment.rank, segment.index, key), 0)
-        if segment.complete and done >= lines:
+        if done and segment.complete and done >= newlines(body):
             continue
         columns = None
         if segment.complete and canonical_payload(first).encode("utf-8") == first_text:
             columns = sealed_columns(body, run_id, segment.rank)
         if columns is None:
             columns = _strict_columns(segment, body, first, run_id)
-        if done < lines:  # stored lines are always a prefix: an ingest stores a whole body
+        if done < len(columns):  # stored lines are always a prefix: an ingest stores whole bodies
             yield SegmentRows(segment.rank, segment.index, key, instance,
                               columns.tail(done) if done else columns)
 
@@ -378,6 +385,7 @@ def _new_lines(run_dir: Path, stored: StoredLines,
 class Batch:
     rows: pa.Table  # the store's columns but `is_replay`
     groups: frozenset[tuple[str, str, int]]  # its (run_id, run_instance, rank)
+    parts: tuple[SegmentRows, ...] = ()  # the segments' rows it holds, in order
 
 
 def decoded_batches(run_dir: str | Path, stored: StoredLines | None = None,
@@ -390,7 +398,8 @@ def decoded_batches(run_dir: str | Path, stored: StoredLines | None = None,
 
     def batch(parts: list[SegmentRows]) -> Batch:
         return Batch(rows_table(run_id, parts),
-                     frozenset((run_id, part.run_instance, part.rank) for part in parts))
+                     frozenset((run_id, part.run_instance, part.rank) for part in parts),
+                     tuple(parts))
 
     pending: list[SegmentRows] = []
     lines = 0
@@ -445,14 +454,131 @@ def _stored_in(con: duckdb.DuckDBPyConnection, run_id: str) -> StoredLines:
     return {(rank, segment, key): lines for rank, segment, key, lines in rows}
 
 
-def _insert(con: duckdb.DuckDBPyConnection, batch: Batch) -> int:
+def _insert(con: duckdb.DuckDBPyConnection, batch: Batch,
+            is_replay: pa.Array | None = None) -> int:
+    """Appends a batch's rows, with their `is_replay` flags when given (else false)."""
     # One chunk per column (not one per segment): measured a third less insert CPU. A relation,
     # not `register`: a view registered inside the transaction keeps its Arrow table alive until
     # the commit (measured: the whole run's text in memory at 1M events).
-    con.from_arrow(batch.rows.combine_chunks()).query(
-        "incoming_rows", f"INSERT INTO {TABLE} ({', '.join(_COLUMNS)}) "
-                         f"SELECT {', '.join(_COLUMNS)} FROM incoming_rows")
+    rows, columns = batch.rows.combine_chunks(), _COLUMNS
+    if is_replay is not None:
+        rows, columns = rows.append_column("is_replay", is_replay), (*_COLUMNS, "is_replay")
+    con.from_arrow(rows).query(
+        "incoming_rows", f"INSERT INTO {TABLE} ({', '.join(columns)}) "
+                         f"SELECT {', '.join(columns)} FROM incoming_rows")
     return batch.rows.num_rows
+
+
+Group = tuple[str, int]  # (run_instance, rank) of one run
+
+
+class ReplayFlags:
+    """`is_replay` of the rows an ingest appends, computed before they are inserted (issue 29).
+
+    Marking replays after the inserts (`_mark_replays`, an UPDATE) costs more than its query: an
+    UPDATE of rows inserted in the same transaction makes DuckDB write their row groups again at
+    the commit (measured at 1M events: 0.34 s of marking and 0.5 s of commit, a fifth of the
+    ingest, for 80 flags). So the flags of appended rows are computed first and inserted with
+    the rows, and nothing is updated.
+
+    Appended: every new row of a (run_instance, rank) group comes after every row of that group
+    the store holds, in (segment, line_no) order (the usual case: segments ingested as they are
+    written, an open one's tail after its stored lines). Then the stored rows' flags stay what
+    they are (no earlier row was added before them), and a new row of type step or eval is a
+    replay exactly when an earlier row of its group has its (type, step): a stored one, one of an
+    earlier batch of this ingest (inserted already), or an earlier one of its batch. Per group
+    and type the largest step so far is kept: a row whose step is above it follows no row with
+    its step, so only rows at or below it (after a resume, mostly the replays themselves) are
+    looked up, in the store (one query per group and type of a batch that has any) and in the
+    batch. Memory: the largest step and the last (segment, line) per group, and one batch.
+
+    A group that is not appended (a segment arrived after later ones were stored), or whose
+    rows needed more than MAX_LOOKUPS store queries in one ingest (steps that go back and forth
+    all along: each query reads the run's rows), is left to `_mark_replays` after the inserts,
+    as every group was before: `recompute` names them.
+    """
+
+    MAX_LOOKUPS = 32
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+        self._con, self._run_id = con, run_id
+        self._last: dict[Group, tuple[int, int]] = {
+            (instance, rank): (last[0], last[1]) for instance, rank, last in con.execute(
+                f"SELECT run_instance, rank, max([segment, line_no]) FROM {TABLE} "
+                "WHERE run_id = ? GROUP BY ALL", [run_id]).fetchall()}
+        self._top: dict[tuple[Group, str], int] = {
+            ((instance, rank), kind): top for instance, rank, kind, top in con.execute(
+                f"SELECT run_instance, rank, event_type, max(step) FROM {TABLE} "
+                f"WHERE run_id = ? AND event_type IN {REPLAYABLE_EVENT_TYPES} "
+                "AND step IS NOT NULL GROUP BY ALL", [run_id]).fetchall()}
+        self.recompute: set[tuple[str, str, int]] = set()  # (run_id, run_instance, rank)
+        self.lookups = 0  # store queries made (tests)
+
+    def column(self, parts: tuple[SegmentRows, ...]) -> pa.Array | None:
+        """The flags of a batch's rows (its segments' rows, in order), or None when none is a
+        replay. Call it once per batch, in insertion order, before inserting the batch."""
+        flags: np.ndarray | None = None
+        earlier: dict[tuple[Group, str], list[np.ndarray]] = {}  # this batch's steps so far
+        unresolved: dict[tuple[Group, str], list[tuple[np.ndarray, np.ndarray]]] = {}
+        offset = 0
+        for part in parts:
+            group, count = (part.run_instance, part.rank), len(part.columns)
+            first = part.columns.first
+            last = self._last.get(group)
+            if (self._run_id, *group) in self.recompute or (
+                    last is not None and (part.segment, first) <= last):
+                self.recompute.add((self._run_id, *group))
+                offset += count
+                continue
+            self._last[group] = (part.segment, first + count - 1)
+            steps = int64_values(part.columns.step)
+            for kind in REPLAYABLE_EVENT_TYPES:
+                where = np.flatnonzero(equal_strings(part.columns.event_type, kind))
+                if not where.size:
+                    continue
+                key = (group, kind)
+                values = steps[where]
+                top = self._top.get(key, -1)
+                # The largest step of the rows before each one: a row above it is no replay.
+                before = np.maximum.accumulate(np.concatenate(([top], values[:-1])))
+                self._top[key] = max(top, int(values.max()))
+                maybe = values <= before
+                if maybe.any():
+                    replay = np.zeros(len(values), bool)
+                    order = np.argsort(values, kind="stable")  # equal steps keep line order
+                    replay[order[1:]] = values[order[1:]] == values[order[:-1]]  # in the part
+                    if earlier.get(key):
+                        replay |= maybe & np.isin(values, np.concatenate(earlier[key]))
+                    if flags is None:
+                        flags = np.zeros(sum(len(p.columns) for p in parts), bool)
+                    flags[offset + where] = replay
+                    lookup = maybe & ~replay  # in the store?
+                    if lookup.any():
+                        unresolved.setdefault(key, []).append(
+                            (offset + where[lookup], values[lookup]))
+                earlier.setdefault(key, []).append(values)
+            offset += count
+        for ((instance, rank), kind), found in unresolved.items():
+            if (self._run_id, instance, rank) in self.recompute:
+                continue
+            if self.lookups >= self.MAX_LOOKUPS:
+                self.recompute.add((self._run_id, instance, rank))
+                continue
+            positions = np.concatenate([at for at, _ in found])
+            values = np.concatenate([value for _, value in found])
+            self.lookups += 1
+            stored = np.array([step for (step,) in self._con.execute(
+                f"SELECT DISTINCT step FROM {TABLE} WHERE run_id = ? AND run_instance = ? "
+                "AND rank = ? AND event_type = ? AND step BETWEEN ? AND ? "
+                "AND step IN (SELECT unnest(?::BIGINT[]))",
+                [self._run_id, instance, rank, kind, int(values.min()), int(values.max()),
+                 values.tolist()]).fetchall()], np.int64)
+            assert flags is not None
+            flags[positions] |= np.isin(values, stored)
+        if flags is None or not flags.any():
+            return None
+        return pa.Array.from_buffers(pa.bool_(), len(flags), [
+            None, pa.py_buffer(np.packbits(flags, bitorder="little").tobytes())])
 
 
 def _migrate_v1(con: duckdb.DuckDBPyConnection) -> None:
@@ -534,14 +660,15 @@ def ingest_report(run_dir: str | Path, db_path: str | Path, *,
                 torn.clear()
                 batches = decoded_batches(run_dir, now, torn)
                 first = next(batches, None)
-            touched: set[tuple[str, str, int]] = set()
+            replays = None if first is None else ReplayFlags(con, run_id)
             for batch in itertools.chain([] if first is None else [first], batches):
-                inserted += _insert(con, batch)
-                touched |= batch.groups
-            if inserted:
+                assert replays is not None
+                inserted += _insert(con, batch, replays.column(batch.parts))
+            if replays is not None and replays.recompute:  # groups not simply appended to
                 con.execute("CREATE OR REPLACE TEMP TABLE touched_groups "
                             "(run_id VARCHAR, run_instance VARCHAR, rank INTEGER)")
-                con.executemany("INSERT INTO touched_groups VALUES (?, ?, ?)", sorted(touched))
+                con.executemany("INSERT INTO touched_groups VALUES (?, ?, ?)",
+                                sorted(replays.recompute))
                 _mark_replays(con)
             con.execute("COMMIT")
         except BaseException:

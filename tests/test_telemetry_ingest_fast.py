@@ -5,6 +5,7 @@ without a primary key."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import sys
@@ -14,7 +15,7 @@ import duckdb
 import pytest
 
 from telemetry import ingest_fast, store
-from telemetry.events import StepEvent
+from telemetry.events import EvalEvent, StepEvent
 from telemetry.reader import TelemetryFormatError
 from telemetry.writer import SegmentWriter, seal_segment
 
@@ -211,3 +212,221 @@ def test_ingest_report_names_the_torn_lines_sealed_segments_declare(tmp_path):
     assert report.torn_bytes == len(b'{"type":"step","run_')
     assert report.torn_segments == (str(killed.segment_path),)
     assert store.ingest(tmp_path / "run-1", tmp_path / "t.duckdb") == 0
+
+
+# --- replay flags set as rows are inserted; batches; integrity (issue 29) -------------------
+
+_WRONG_FLAGS = f"""
+    SELECT count(*) FROM (
+        SELECT is_replay, event_type IN {store.REPLAYABLE_EVENT_TYPES} AND row_number() OVER (
+            PARTITION BY run_id, run_instance, rank, event_type, step
+            ORDER BY segment, line_no) > 1 AS replay
+        FROM {store.TABLE})
+    WHERE is_replay IS DISTINCT FROM replay"""
+
+
+def _wrong_flags(db) -> int:
+    """Rows whose `is_replay` differs from its definition, computed over the whole table."""
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute(_WRONG_FLAGS).fetchone()[0]
+
+
+def _eval(step: int, run_id: str = "run-1", rank: int = 0) -> EvalEvent:
+    return EvalEvent(run_id=run_id, rank=rank, step=step, wall_time_s=2000.0 + step,
+                     eval_loss=1.0, eval_accuracy=None, eval_examples=8, eval_ms=1.0)
+
+
+class _Recorder:
+    """Counts `_mark_replays` calls and keeps every `ReplayFlags` an ingest makes."""
+
+    def __init__(self, monkeypatch):
+        self.marks, self.flags = 0, []
+        real_mark, real_flags = store._mark_replays, store.ReplayFlags
+        recorder = self
+
+        def mark(con):
+            recorder.marks += 1
+            real_mark(con)
+
+        class Flags(real_flags):
+            def __init__(self, *args):
+                super().__init__(*args)
+                recorder.flags.append(self)
+
+        monkeypatch.setattr(store, "_mark_replays", mark)
+        monkeypatch.setattr(store, "ReplayFlags", Flags)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_flags_set_on_insert_equal_their_definition_over_resumes_ranks_and_ingests(
+        tmp_path, monkeypatch, seed):
+    """Random runs: each rank resumed several times from an earlier step (its steps and evals
+    written again), ingested after some of the processes, in small batches: every stored
+    flag is what the window over the whole table says, and no UPDATE marked any."""
+    import random
+
+    rng = random.Random(seed)
+    recorder = _Recorder(monkeypatch)
+    monkeypatch.setattr(store, "BATCH_LINES", rng.choice([3, 8, 50]))
+    db = tmp_path / "t.duckdb"
+    step = dict.fromkeys(range(2), 0)
+    stored = 0
+    for _process in range(5):
+        for rank in range(2):
+            writer = SegmentWriter(tmp_path, "run-1", rank=rank,
+                                   events_per_segment=rng.choice([2, 5, 9]))
+            step[rank] = max(0, step[rank] - rng.randrange(0, 12))  # resumed from earlier
+            for _ in range(rng.randrange(1, 25)):
+                step[rank] += 1
+                writer.write(dataclasses.replace(_step(step[rank]), rank=rank))
+                if step[rank] % rng.choice([3, 4]) == 0:
+                    writer.write(_eval(step[rank], rank=rank))
+            if rng.random() < 0.5:
+                writer.close()  # else left open: its tail is ingested as it grows
+        if rng.random() < 0.7:
+            stored += store.ingest(tmp_path / "run-1", db)
+            assert _wrong_flags(db) == 0
+    stored += store.ingest(tmp_path / "run-1", db)
+    assert _wrong_flags(db) == 0
+    assert len(_table(db)) == stored
+    assert recorder.marks == 0  # every flag was set on insert
+    assert sum(replay for _, _, replay in store.replay_flags(db, "run-1")) > 0
+
+
+def test_replays_of_steps_an_earlier_ingest_stored_are_looked_up_in_the_store(tmp_path,
+                                                                              monkeypatch):
+    recorder = _Recorder(monkeypatch)
+    db = tmp_path / "t.duckdb"
+    with SegmentWriter(tmp_path, "run-1", events_per_segment=4) as first:
+        for step in range(1, 11):
+            first.write(_step(step))
+            if step % 5 == 0:
+                first.write(_eval(step))
+    assert store.ingest(tmp_path / "run-1", db) == 12
+    with SegmentWriter(tmp_path, "run-1", events_per_segment=4) as resumed:  # from step 5
+        for step in range(6, 13):
+            resumed.write(_step(step))
+            if step % 5 == 0:
+                resumed.write(_eval(step))
+    assert store.ingest(tmp_path / "run-1", db) == 8
+    assert recorder.marks == 0 and recorder.flags[-1].lookups == 2  # steps, then evals
+    replays = [(kind, step) for kind, step, replay in store.replay_flags(db, "run-1") if replay]
+    assert replays == [("step", step) for step in range(6, 11)] + [("eval", 10)]
+    assert _wrong_flags(db) == 0
+
+
+def test_a_segment_arriving_after_later_ones_were_stored_has_its_group_recomputed(
+        tmp_path, monkeypatch):
+    """Segment 1 is missing when 0 and 2 are ingested (copied late); once it arrives, rows of
+    segment 2 that repeat its steps become replays: the group's flags are recomputed."""
+    source = tmp_path / "source"
+    with SegmentWriter(source, "run-1", events_per_segment=5) as first:
+        for step in range(1, 11):  # segments 0 and 1
+            first.write(_step(step))
+    with SegmentWriter(source, "run-1", events_per_segment=5) as resumed:  # segment 2
+        for step in range(4, 9):
+            resumed.write(_step(step))
+    late = tmp_path / "late" / "run-1" / "rank0"
+    late.mkdir(parents=True)
+    for name in ("segment-00000", "segment-00002"):
+        for suffix in (".jsonl", ".complete"):
+            (late / f"{name}{suffix}").write_bytes(
+                (source / "run-1" / "rank0" / f"{name}{suffix}").read_bytes())
+    recorder = _Recorder(monkeypatch)
+    db = tmp_path / "t.duckdb"
+    assert store.ingest(late.parent, db) == 10
+    assert recorder.marks == 0 and _wrong_flags(db) == 0  # 4 and 5 are replays already
+    for suffix in (".jsonl", ".complete"):
+        (late / f"segment-00001{suffix}").write_bytes(
+            (source / "run-1" / "rank0" / f"segment-00001{suffix}").read_bytes())
+    assert store.ingest(late.parent, db) == 5
+    assert recorder.marks == 1 and recorder.flags[-1].recompute == {(
+        "run-1", _table(db)[0][1], 0)}
+    assert _wrong_flags(db) == 0
+    fresh = tmp_path / "fresh.duckdb"
+    store.ingest(source / "run-1", fresh)
+    assert _table(db) == _table(fresh)
+    assert sum(replay for _, _, replay in store.replay_flags(db, "run-1")) == 5  # 4..8
+
+
+def test_a_group_that_needs_too_many_store_lookups_is_recomputed(tmp_path, monkeypatch):
+    recorder = _Recorder(monkeypatch)
+    monkeypatch.setattr(store.ReplayFlags, "MAX_LOOKUPS", 0)
+    db = tmp_path / "t.duckdb"
+    with SegmentWriter(tmp_path, "run-1") as first:
+        for step in range(1, 6):
+            first.write(_step(step))
+    store.ingest(tmp_path / "run-1", db)
+    with SegmentWriter(tmp_path, "run-1") as resumed:
+        for step in range(3, 8):
+            resumed.write(_step(step))
+    assert store.ingest(tmp_path / "run-1", db) == 5
+    assert recorder.marks == 1 and recorder.flags[-1].lookups == 0
+    assert _wrong_flags(db) == 0
+    assert sum(replay for _, _, replay in store.replay_flags(db, "run-1")) == 3
+
+
+def test_ingest_streams_the_run_in_batches_of_bounded_size(tmp_path, monkeypatch):
+    """Memory holds one batch: batches are at most BATCH_LINES plus one segment less a line,
+    and when a batch is inserted no segment after it has been read yet."""
+    with SegmentWriter(tmp_path, "run-1", events_per_segment=7) as writer:
+        for step in range(1, 101):  # 14 sealed segments of 7 lines and one open of 2
+            writer.write(_step(step))
+    monkeypatch.setattr(store, "BATCH_LINES", 20)
+    read: list[int] = []
+    real_body = store.segment_body
+    monkeypatch.setattr(store, "segment_body", lambda segment, data: (
+        read.append(segment.index), real_body(segment, data))[1])
+    inserted: list[tuple[int, list[int], int]] = []  # (rows, segments in it, segments read)
+    real_insert = store._insert
+    monkeypatch.setattr(store, "_insert", lambda con, batch, flags=None: (
+        inserted.append((batch.rows.num_rows, [part.segment for part in batch.parts],
+                         len(read))), real_insert(con, batch, flags))[1])
+    assert store.ingest(tmp_path / "run-1", tmp_path / "t.duckdb") == 100
+    assert [rows for rows, _, _ in inserted] == [21, 21, 21, 21, 16]
+    assert all(rows < 20 + 7 for rows, _, _ in inserted)
+    segments_so_far = 0
+    for _, segments, read_when_inserted in inserted:
+        segments_so_far += len(segments)
+        assert read_when_inserted == segments_so_far  # nothing read ahead of the batch
+    assert read == list(range(15))
+
+
+def test_a_sealed_segment_edited_after_sealing_is_refused_before_anything_is_stored(tmp_path):
+    with SegmentWriter(tmp_path, "run-1", events_per_segment=5) as writer:
+        for step in range(1, 11):
+            writer.write(_step(step))
+    second = tmp_path / "run-1" / "rank0" / "segment-00001.jsonl"
+    data = second.read_bytes()
+    edited = data.replace(b'"samples_seen":64', b'"samples_seen":65', 1)  # same length
+    assert edited != data and len(edited) == len(data)
+    second.write_bytes(edited)
+    db = tmp_path / "t.duckdb"
+    with pytest.raises(TelemetryFormatError, match="does not match its completion marker") as caught:
+        store.ingest(tmp_path / "run-1", db)
+    assert str(second) in str(caught.value)
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(("field", "problem"), [
+    (b'"step":7', b'"step":"7"'),
+    (b'"wall_time_s":1007.0', b'"wall_time_s":"1007.0"'),
+    (b'"rank":0', b'"rank":0.0'),
+])
+def test_a_sealed_line_off_the_schema_is_refused_by_file_and_line(tmp_path, field, problem):
+    """A segment sealed over a line whose field has the wrong type (the marker's sha256 holds:
+    it vouches for bytes, not for what they say) is refused, naming the file and the line."""
+    with SegmentWriter(tmp_path, "run-1", events_per_segment=10) as writer:
+        for step in range(1, 11):
+            writer.write(_step(step))
+    path = tmp_path / "run-1" / "rank0" / "segment-00000.jsonl"
+    lines = path.read_bytes().split(b"\n")
+    assert field in lines[6]
+    lines[6] = lines[6].replace(field, problem)
+    path.write_bytes(b"\n".join(lines))
+    seal_segment(path)
+    db = tmp_path / "t.duckdb"
+    with pytest.raises(TelemetryFormatError, match="line 7 has") as caught:
+        store.ingest(tmp_path / "run-1", db)
+    assert str(path) in str(caught.value)
+    assert not db.exists()
