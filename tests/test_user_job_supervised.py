@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from telemetry.reader import read_run_events
+from tests._example_job import assert_same_weights_and_data
 from tests.shared_data import needs_spot_data
 from tests.test_cloud_emulated import FOLDER, ZONE_FILE, _window_start
-from tests.test_sdk_examples_plain import _assert_same
 from trainwise import user_job_supervised
 from trainwise.emulated import ReplaySpec
 from trainwise.sdk.spec import RunSpec, write_spec
@@ -153,7 +153,7 @@ def test_final_weights_equal_an_uninterrupted_run_and_the_bill_is_the_providers(
     spec, out = supervised(policy)
     assert out.result["status"] == "completed", out.result["failure"]
     final = torch.load(_store_checkpoint(spec, MAX_STEPS), map_location="cpu", weights_only=True)
-    _assert_same(final, reference)
+    assert_same_weights_and_data(final, reference, MAX_STEPS)
     figures = out.figures
     billed = sum(h["price_usd_per_hour"] * (h["end_s"] - h["launch_s"]) / 3600.0
                  for h in figures.holdings)
