@@ -387,3 +387,19 @@ def test_a_risk_that_is_not_a_probability_is_refused(tmp_path, monkeypatch):
     monkeypatch.delenv("TRAINWISE_RUN_SPEC", raising=False)
     with pytest.raises(RunSpecError, match="preemption_risk 1.5 must be a probability"):
         trainwise.init(run_id="risky", run_dir=str(tmp_path / "risky"), preemption_risk=1.5)
+
+
+def test_a_launchers_step_limit_caps_the_jobs_own_max_steps(tmp_path, monkeypatch):
+    """A probe's spec caps the steps; the job's `init(max_steps=40)` cannot raise the cap, and a
+    smaller max_steps of the job's own stays."""
+    from trainwise.sdk.spec import resolve_spec
+
+    path = write_spec(RunSpec(run_id="probe", run_dir=str(tmp_path / "probe"), max_steps=3,
+                              step_limit=3), tmp_path / "probe.spec.json")
+    monkeypatch.setenv("TRAINWISE_RUN_SPEC", str(path))
+    assert resolve_spec(max_steps=40).max_steps == 3
+    assert resolve_spec(max_steps=2).max_steps == 2
+    assert resolve_spec().max_steps == 3
+    monkeypatch.delenv("TRAINWISE_RUN_SPEC")
+    with pytest.raises(RunSpecError, match="step_limit 0 must be >= 1"):
+        resolve_spec(run_id="a", run_dir=str(tmp_path / "a"), step_limit=0)

@@ -128,7 +128,7 @@ def test_a_job_without_runs_is_probed_on_its_own_command(tmp_path):
         home, job, PLAIN, user_job_forecast.ask_for(job.name, max_steps=400), published)
     assert forecast.throughput_source.startswith("probe of ")
     probed = int(forecast.throughput_source.split()[2])
-    assert user_job_forecast.PROBE_STEPS <= probed < 40  # stopped, not run to its end
+    assert probed == user_job_forecast.PROBE_STEPS  # its step_limit, not its own 40 steps
     assert forecast.s_per_step > 0 and 0 < forecast.p50_usd <= forecast.p90_usd
     assert not (home / "runs").exists()  # a scratch probe: no run folder, no store
     # A job that never steps: named, with its log.

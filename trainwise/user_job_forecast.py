@@ -7,8 +7,8 @@ throughput comes from and how a step is sized:
    the job's newest runs, those whose `user_job.json` names it (the first step of each job
    process is warm-up, left out: `job_forecast.measure`); else a probe: the job's own command
    with a run spec of PROBE_STEPS steps in a scratch folder (no object store, the no-op fast
-   policy), stopped after those steps when its own arguments ask for more, its steps timed
-   from its telemetry. The forecast names which (`throughput_source`).
+   policy) whose step_limit caps the job's own max_steps (a loop that ignores `run.done` is
+   sent SIGTERM once its telemetry shows those steps), its steps timed from its telemetry. The forecast names which (`throughput_source`).
 2. Steps: the launch's max_steps. Without it (the job's code decides when it is done) there is
    no forecast: `CannotSizeError` says so, and the launch gate lets the launch go on unforecast.
 3. Work: steps x measured seconds per step (a job's batch is its code's: micro_batch_size 0 in
@@ -126,7 +126,8 @@ def probe_throughput(job: JobSpec, project_dir: Path, dataset_dir: Path | None =
     with tempfile.TemporaryDirectory(prefix="trainwise-probe-") as scratch:
         run_dir = Path(scratch) / "probe"
         spec = spec_for_framework(job, RunSpec(
-            run_id="probe", run_dir=str(run_dir), max_steps=steps, checkpoint_every_steps=None,
+            run_id="probe", run_dir=str(run_dir), max_steps=steps, step_limit=steps,
+            checkpoint_every_steps=None,
             fast_policy="noop", dataset_dir=str(dataset_dir) if dataset_dir else None))
         spec_path = write_spec(spec, Path(scratch) / "probe.spec.json")
         log, telemetry, why = Path(scratch) / "probe.log", run_dir / "telemetry" / "probe", ""
@@ -137,7 +138,9 @@ def probe_throughput(job: JobSpec, project_dir: Path, dataset_dir: Path | None =
             began = time.monotonic()
             try:
                 while child.poll() is None:
-                    if _steps_written(telemetry) >= steps:  # its own arguments ask for more
+                    # step_limit stops an SDK job at `steps`; a job whose loop ignores run.done
+                    # is told to leave once its telemetry shows them.
+                    if _steps_written(telemetry) >= steps:
                         try:  # the SDK leaves at its next step
                             os.killpg(child.pid, signal.SIGTERM)
                         except ProcessLookupError:

@@ -62,6 +62,9 @@ class RunSpec:
     device: str = "auto"
     precision: str = "auto"
     cpu_threads: int | None = None
+    # A launcher's cap on the steps that the job's own arguments cannot raise (a throughput
+    # probe runs a job for a few steps whatever max_steps its command line asks for).
+    step_limit: int | None = None
 
     def __post_init__(self) -> None:
         for name in _PATH_FIELDS:  # a Path given for a folder is kept as the text a file holds
@@ -97,6 +100,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "instance_type": (str,), "price_usd_per_hour": (int, float), "rank": (int,),
     "world_size": (int,), "dataset_dir": (str, type(None)),
     "device": (str,), "precision": (str,), "cpu_threads": (int, type(None)),
+    "step_limit": (int, type(None)),
 }
 
 
@@ -120,6 +124,10 @@ def _checked(values: dict[str, Any], where: str) -> RunSpec:
     for name in ("notice_s", "price_usd_per_hour", "preemption_risk"):
         if name in values:
             values[name] = float(values[name])
+    limit = values.get("step_limit")
+    if isinstance(limit, int) and limit >= 1:  # the job's max_steps, at most the launcher's cap
+        asked = values.get("max_steps")
+        values["max_steps"] = limit if asked is None else min(asked, limit)
     spec = RunSpec(**values)
     problems = []
     if not _RUN_ID.match(spec.run_id):
@@ -127,6 +135,8 @@ def _checked(values: dict[str, Any], where: str) -> RunSpec:
                         "folder and store keys)")
     if spec.max_steps is not None and spec.max_steps < 1:
         problems.append(f"max_steps {spec.max_steps} must be >= 1 (or None)")
+    if spec.step_limit is not None and spec.step_limit < 1:
+        problems.append(f"step_limit {spec.step_limit} must be >= 1 (or None)")
     if spec.checkpoint_every_steps is not None and spec.checkpoint_every_steps < 1:
         problems.append(f"checkpoint_every_steps {spec.checkpoint_every_steps} must be >= 1 "
                         "(or None: checkpoint only on a notice, a stop and at the end)")
