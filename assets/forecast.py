@@ -76,10 +76,14 @@ def _log_to_mlflow(mlflow: MLflowResource, rows: list[dict], plot_path: Path) ->
     try:
         import mlflow as mlflow_lib
 
-        client = mlflow_lib.tracking.MlflowClient(tracking_uri=mlflow.uri())
-        name = f"{mlflow.experiment}-forecast"
-        found = client.get_experiment_by_name(name)
-        experiment_id = found.experiment_id if found else client.create_experiment(name)
+        from trainwise import tracking
+
+        uri = mlflow.uri()
+        client = mlflow_lib.tracking.MlflowClient(tracking_uri=uri)
+        # Through tracking.experiment_id: a new experiment keeps its artifacts next to the
+        # database, not in <cwd>/mlruns (MLflow's default), where the plot used to land.
+        experiment_id = tracking.experiment_id(client, uri, f"{mlflow.experiment}-forecast",
+                                               None, tracking.mlflow_caller(uri))
         run = client.create_run(experiment_id, run_name="cost_forecast")
         for row in rows:
             key = row["label"].replace(" ", "_").replace("@", "_at_")

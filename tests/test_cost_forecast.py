@@ -101,9 +101,16 @@ def test_asset_without_shared_data_uses_the_embedded_market_and_warns_over_budge
 
 
 @pytest.mark.skipif(not SHARED_SPOT.is_dir(), reason=f"no shared traces at {SHARED_SPOT}")
-def test_asset_on_real_traces_within_budget_logs_to_mlflow(instance, small, monkeypatch):
+def test_asset_on_real_traces_within_budget_logs_to_mlflow(instance, small, monkeypatch,
+                                                           tmp_path):
     monkeypatch.setenv("TRAINWISE_BUDGET_USD", "1000")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     result = _materialize(instance, log_to_mlflow=True)
+    # The plot is an artifact next to the tracking database, not in <cwd>/mlruns.
+    assert list(cwd.iterdir()) == []
+    assert list(settings.home_dir().glob("**/mlflow-artifacts/**/cost_forecast.png"))
     assert result.success
     meta = result.asset_materializations_for_node("cost_forecast")[0].metadata
     assert meta["embedded_market"].value is False
