@@ -13,6 +13,7 @@ plain-loop example (`examples/plain_loop`) and the asset test's job, for real.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -28,7 +29,8 @@ from telemetry.writer import SegmentWriter
 from tests.test_user_job_asset import _provider, project  # noqa: F401
 from trainwise import cli, gang, job_forecast, user_job_forecast
 from trainwise import schedule as schedule_lib
-from trainwise.user_jobs import RECORD_FILE
+from trainwise.sdk.spec import RunSpec
+from trainwise.user_jobs import RECORD_FILE, UserJobLaunch
 from trainwise.user_project import JobSpec, load_project_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,9 +54,10 @@ def _job(name: str = "fit") -> JobSpec:
 
 
 def _earlier_run(state: Path, run_id: str, job: str, *, step_time_ms: float, steps: int,
-                 record: str = RECORD_FILE) -> Path:
+                 record: str = RECORD_FILE, max_steps: int | None = None) -> Path:
     """A finished run of `job` as the launcher leaves it: user_job.json and the SDK's rank-0
-    step events (its first step slow: warm-up)."""
+    step events (its first step slow: warm-up); `max_steps` in its run_start as the SDK
+    records it (none: the job decides)."""
     folder = state / "runs" / run_id
     folder.mkdir(parents=True)
     (folder / record).write_text(json.dumps({"job": job, "run_id": run_id,
@@ -62,7 +65,8 @@ def _earlier_run(state: Path, run_id: str, job: str, *, step_time_ms: float, ste
     with SegmentWriter(folder / "telemetry", run_id) as writer:
         writer.write(RunStartEvent(
             run_id=run_id, step=0, wall_time_s=0.0, model_kind="user:Linear", model_config={},
-            model_fingerprint="", train_config={}, data_fingerprint="", curriculum_version=None,
+            model_fingerprint="", data_fingerprint="", curriculum_version=None,
+            train_config={} if max_steps is None else {"max_steps": max_steps},
             instance_type="p3.2xlarge", price_usd_per_hour=3.06))
         for step in range(1, steps + 1):
             ms = step_time_ms * (5 if step == 1 else 1)
@@ -253,3 +257,116 @@ def test_the_launchpad_refuses_a_launch_over_budget_before_any_node(
     assert meta["forecast_p50_h"] <= meta["forecast_p90_h"]
     assert meta["budget_usd"] == pytest.approx(0.0001)
     assert meta["budget_override_reason"] == "budget test, ops"
+
+
+def _launch_plain(home: Path, run_id: str, job: JobSpec, market: str) -> dict:
+    """A run of the plain-loop example as the Launchpad launches it on a fixed market (the
+    test provider: spot reclaimed after 4 ticks of 0.3 wall s), its own 40 steps."""
+    run_dir = home / "runs" / run_id
+    session = gang.GangSession(_provider(), gang.Allocation(market=market, nodes=1,
+                                                            reason="test", source="test"),
+                               "p3.2xlarge", run_dir, run_id)
+    spec = RunSpec(run_id=run_id, run_dir=str(run_dir), store_root=str(home / "store"))
+    return UserJobLaunch(job, PLAIN, session, spec).run()
+
+
+@pytest.fixture(scope="module")
+def plain_runs(tmp_path_factory):
+    """Two runs of the plain-loop example, launched for real: one stopped part-way (its spot
+    node reclaimed a few steps in, no replacement allowed: interrupted, as a run whose market
+    flapped too often is), one finished on on-demand."""
+    home = tmp_path_factory.mktemp("plain") / "home"
+    job = load_project_file(PLAIN / "trainwise.toml").jobs[PLAIN_JOB]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gang, "MAX_REPLACEMENTS", 0)
+        slowed = dataclasses.replace(job, args=(*job.args, "--step-sleep-s", "0.1"))
+        stopped = _launch_plain(home, "blobs-stopped", slowed, "spot")
+        finished = _launch_plain(home, "blobs-finished", job, "on_demand")
+    assert stopped["status"] == "interrupted" and stopped["reclaims"] == 1, stopped
+    assert finished["status"] == "completed", finished
+    return home
+
+
+def test_a_stopped_user_job_run_is_reforecast_from_its_bill_and_its_steps_left(plain_runs):
+    home = plain_runs
+    records = job_forecast._read_rank0(home / "runs" / "blobs-stopped")
+    stepped = max(r["step"] for r in records if r["type"] == "step")
+    assert 2 <= stepped < 40  # stopped part-way, with a measured step past the warm-up
+    live = user_job_forecast.reforecast_user_run(home, "blobs-stopped")
+    assert live.run_id == "blobs-stopped" and live.steps_done == stepped
+    assert live.max_steps == 40  # the job's own --max-steps (its run_start), not the spec's
+    assert live.bill_so_far_usd > 0 and live.bill_source == "the provider's bill (final)"
+    rest = live.remaining
+    assert rest is not None and rest.steps == 40 - stepped and rest.partition == PLAIN_JOB
+    assert rest.throughput_source == f"measured: this run ({stepped} steps)"
+    assert rest.s_per_step >= 0.1  # its --step-sleep-s is inside each step
+    assert rest.policy == "managed_spot" and "fixed market spot" in rest.note  # its node's
+    assert rest.clock_source.startswith("this run's provider")  # gang.json's history
+    assert live.bill_so_far_usd < live.p50_usd <= live.p90_usd
+    assert live.p50_usd == pytest.approx(live.bill_so_far_usd + rest.p50_usd)
+    assert live.p90_usd == pytest.approx(live.bill_so_far_usd + rest.p90_usd)
+    assert live.elapsed_h < live.p50_h <= live.p90_h
+    # The same seed gives the same figures (the CLI test compares its printout with them).
+    assert user_job_forecast.reforecast_user_run(home, "blobs-stopped") == live
+
+
+def test_a_finished_user_job_run_has_nothing_left(plain_runs):
+    live = user_job_forecast.reforecast_user_run(plain_runs, "blobs-finished")
+    assert live.remaining is None and live.steps_done == live.max_steps == 40
+    assert live.bill_so_far_usd > 0 and "final" in live.bill_source
+    assert live.p50_usd == live.p90_usd == live.bill_so_far_usd
+    assert live.p50_h == live.p90_h == live.elapsed_h
+
+
+def test_a_user_job_run_still_going_is_sized_from_its_launch_record(tmp_path):
+    """A run still going has no user_job.json yet: the gate's launch_forecast.json names its
+    job, its run_start its max_steps; no gang.json yet: its node time at the on-demand price."""
+    state = tmp_path / "state"
+    _earlier_run(state, "fit-live", "fit", step_time_ms=20.0, steps=100, max_steps=300,
+                 record=job_forecast.LAUNCH_FILE)
+    assert user_job_forecast.is_user_job_run(state / "runs" / "fit-live")
+    live = user_job_forecast.reforecast_user_run(state, "fit-live", samples=4, seed=1)
+    assert live.steps_done == 100 and live.max_steps == 300
+    assert "on-demand price" in live.bill_source
+    assert live.remaining.steps == 200 and live.remaining.s_per_step == pytest.approx(0.02)
+    assert live.bill_so_far_usd < live.p50_usd <= live.p90_usd
+    # Without max_steps (its code decides): no forecast, said so with the fix.
+    _earlier_run(state, "fit-open", "fit", step_time_ms=20.0, steps=10)
+    with pytest.raises(user_job_forecast.CannotSizeError,
+                       match="run fit-open of job 'fit': cannot size its steps left"):
+        user_job_forecast.reforecast_user_run(state, "fit-open")
+    # Only its warm-up step and no earlier run of its job: nothing to size the rest from.
+    _earlier_run(state, "new-1", "new", step_time_ms=20.0, steps=1, max_steps=50,
+                 record=job_forecast.LAUNCH_FILE)
+    with pytest.raises(ValueError, match="49 steps left, none measured yet"):
+        user_job_forecast.reforecast_user_run(state, "new-1")
+    # A built-in run is not one of a registered job's.
+    _earlier_run(state, "train-1", "fit", step_time_ms=20.0, steps=5, record="request.json")
+    assert not user_job_forecast.is_user_job_run(state / "runs" / "train-1")
+    with pytest.raises(FileNotFoundError, match="names no registered job"):
+        user_job_forecast.reforecast_user_run(state, "train-1")
+
+
+def test_the_cli_reforecasts_a_registered_jobs_run(plain_runs, monkeypatch, capsys):
+    home = plain_runs
+    monkeypatch.setenv("TRAINWISE_HOME", str(home))
+    live = user_job_forecast.reforecast_user_run(home, "blobs-stopped")
+    assert cli.main(["forecast", "--run", "blobs-stopped"]) == 0
+    out = capsys.readouterr().out
+    assert f"run blobs-stopped: step {live.steps_done} of 40; bill so far from the " \
+           "provider's bill (final)" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines()  # the table's rows
+            if line.strip().startswith(("so far", "remaining", "whole run"))
+            and "sized from" not in line}
+    assert rows["so"][2:5] == [str(live.steps_done), f"{live.bill_so_far_usd:.2f}",
+                               f"{live.elapsed_h:.2f}"]
+    assert rows["remaining"][1] == str(40 - live.steps_done)
+    assert rows["whole"][2:7] == ["40", f"{live.p50_usd:.2f}", f"{live.p90_usd:.2f}",
+                                  f"{live.p50_h:.2f}", f"{live.p90_h:.2f}"]
+    assert f"remaining sized from measured: this run ({live.steps_done} steps)" in out
+    assert cli.main(["forecast", "--run", "blobs-finished"]) == 0
+    out = capsys.readouterr().out
+    assert "step 40 of 40" in out and "whole run" in out and "remaining" not in out
+    assert cli.main(["forecast", "--run", "missing"]) == 2
+    assert "no run 'missing'" in (err := capsys.readouterr().err)
+    assert "blobs-stopped" in err  # the runs known

@@ -18,8 +18,12 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from trainwise import settings
+
+if TYPE_CHECKING:  # the forecast's imports are heavy: loaded by the subcommand only
+    from trainwise.job_forecast import LiveForecast
 
 EXIT_SIGTERM = 128 + signal.SIGTERM
 
@@ -132,7 +136,7 @@ def _cmd_forecast(args: argparse.Namespace) -> int:
     if args.job:
         return _forecast_user_job(args, head, deadline_s)
     if args.run:
-        live = job_forecast.reforecast_run(home, args.run, deadline_s=deadline_s)
+        live = _reforecast_run(home, args.run, deadline_s)
         rest = live.remaining
         rows = [head, ("so far", str(live.steps_done), f"{live.bill_so_far_usd:.2f}", "",
                        f"{live.elapsed_h:.2f}", "", "")]
@@ -170,6 +174,18 @@ def _cmd_forecast(args: argparse.Namespace) -> int:
     print(f"budget {job.budget_usd:g} USD (published schedule {published.version}): P90 "
           f"{verdict}")
     return 0
+
+
+def _reforecast_run(home: Path, run_id: str, deadline_s: float | None) -> LiveForecast:
+    """`trainwise forecast --run RUN_ID`: a built-in run's (its request.json) or a registered
+    job's run's (user_job.json, or the launch record of one still going) re-forecast; an unknown
+    id names the runs known."""
+    from trainwise import explain, job_forecast, user_job_forecast
+
+    run_dir = explain.find_run_dir(run_id, home / "runs")
+    if user_job_forecast.is_user_job_run(run_dir):
+        return user_job_forecast.reforecast_user_run(home, run_dir.name, deadline_s=deadline_s)
+    return job_forecast.reforecast_run(home, run_dir.name, deadline_s=deadline_s)
 
 
 def _forecast_user_job(args: argparse.Namespace, head: tuple[str, ...],

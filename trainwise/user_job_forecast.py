@@ -8,7 +8,8 @@ throughput comes from and how a step is sized:
    process is warm-up, left out: `job_forecast.measure`); else a probe: the job's own command
    with a run spec of PROBE_STEPS steps in a scratch folder (no object store, the no-op fast
    policy) whose step_limit caps the job's own max_steps (a loop that ignores `run.done` is
-   sent SIGTERM once its telemetry shows those steps), its steps timed from its telemetry. The forecast names which (`throughput_source`).
+   sent SIGTERM once its telemetry shows those steps), its steps timed from its telemetry. The
+   forecast names which (`throughput_source`).
 2. Steps: the launch's max_steps. Without it (the job's code decides when it is done) there is
    no forecast: `CannotSizeError` says so, and the launch gate lets the launch go on unforecast.
 3. Work: steps x measured seconds per step (a job's batch is its code's: micro_batch_size 0 in
@@ -21,11 +22,19 @@ refused (`job_forecast.BudgetExceededError`, the figures in the message) unless 
 `budget_override_reason`; the record goes to `runs/<run_id>/launch_forecast.json`. A launch of a
 run that already has steps (the same run_id resumes) is forecast as its bill so far plus its
 steps left. Pure of Dagster: `assets/user_jobs.py` calls it.
+
+A live (or stopped) run of a registered job is re-forecast the same way (`reforecast_user_run`,
+`trainwise forecast --run RUN_ID`): its bill so far plus its steps left at its own measured
+pace, on its provider's clock (`job_forecast._live_clock`), in the time left of its deadline.
+Its job: `user_job.json` (written when the run ends), else the launch gate's record (written
+before its first node). Its max_steps: its newest `run_start` (the job's own arguments override
+the spec's), else the newest run spec its launcher wrote.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -206,27 +215,160 @@ def forecast_user_job(state_dir: Path, job: JobSpec, project_dir: Path, ask: Use
     return _noted(forecast, ask)
 
 
-def _resumed_figures(state_dir: Path, run_dir: Path, done: int, throughput: Throughput,
-                     records: list[dict[str, Any]], ask: UserJobAsk, published: Any
-                     ) -> dict[str, Any]:
-    """A launch of a run that has stepped already (`done` steps): its bill so far plus its
-    steps left."""
-    clock = job_forecast.provider_clock(ask.instance_type, ask.region)
+def _live_forecast(state_dir: Path, run_dir: Path, records: list[dict[str, Any]], *,
+                   done: int, left: int, throughput: Throughput | None, ask: UserJobAsk,
+                   published: Any, clock: tuple[float, str], gate: bool = False,
+                   deadline_s: float | None = None, samples: int | None = None, seed: int = 0
+                   ) -> job_forecast.LiveForecast:
+    """A run that has stepped already (`done` steps, `left` to go): its bill so far plus the
+    forecast of its steps left in the time left of its deadline (the setting's unless
+    `deadline_s`). `gate`: drawn as the launch gate draws (`job_forecast.gate_forecast`: a few
+    starts first), else `samples` draws with `seed`."""
     bill, elapsed_s, bill_source = job_forecast._bill_so_far(run_dir, records, ask, clock)
-    left = max(0, ask.max_steps - done)
-    figures = {"what": f"the resumed run (bill so far {bill:.2f} USD + its {left} steps left)",
-               "steps_done": done, "bill_so_far_usd": bill, "bill_source": bill_source,
-               "p50_usd": bill, "p90_usd": bill, "p50_h": elapsed_s / 3600.0,
-               "p90_h": elapsed_s / 3600.0}
+    remaining = None
     if left:
-        deadline_s = settings.get_float("TRAINWISE_FORECAST_DEADLINE_H", 0.0) * 3600.0
-        rest = _noted(job_forecast.gate_forecast(
-            state_dir, dataclasses.replace(ask, max_steps=left), published, throughput,
-            clock=clock, deadline_s=max(0.0, deadline_s - elapsed_s)), ask)
-        for name in ("p50_usd", "p90_usd", "p50_h", "p90_h"):
-            figures[name] += getattr(rest, name)
-        figures["remaining"] = rest.row()
+        assert throughput is not None
+        if deadline_s is None:
+            deadline_s = settings.get_float("TRAINWISE_FORECAST_DEADLINE_H", 0.0) * 3600.0
+        rest_ask = dataclasses.replace(ask, max_steps=left)
+        options = {"clock": clock, "deadline_s": max(0.0, deadline_s - elapsed_s)}
+        rest = (job_forecast.gate_forecast(state_dir, rest_ask, published, throughput, **options)
+                if gate else job_forecast.forecast_job(state_dir, rest_ask, published,
+                                                       throughput=throughput, samples=samples,
+                                                       seed=seed, **options))
+        assert rest is not None  # a throughput was given
+        remaining = _noted(rest, ask)
+    hours = elapsed_s / 3600.0
+    add = (lambda name: getattr(remaining, name)) if remaining else (lambda name: 0.0)
+    return job_forecast.LiveForecast(
+        run_dir.name, done, ask.max_steps, bill, bill_source, hours, bill + add("p50_usd"),
+        bill + add("p90_usd"), hours + add("p50_h"), hours + add("p90_h"), remaining)
+
+
+def _resumed_figures(live: job_forecast.LiveForecast) -> dict[str, Any]:
+    """The gate's figures of a launch of a run that has stepped already: its bill so far plus
+    its steps left."""
+    left = int(live.remaining.steps) if live.remaining else 0
+    figures = {"what": f"the resumed run (bill so far {live.bill_so_far_usd:.2f} USD + its "
+                       f"{left} steps left)",
+               "steps_done": live.steps_done, "bill_so_far_usd": live.bill_so_far_usd,
+               "bill_source": live.bill_source, "p50_usd": live.p50_usd,
+               "p90_usd": live.p90_usd, "p50_h": live.p50_h, "p90_h": live.p90_h}
+    if live.remaining:
+        figures["remaining"] = live.remaining.row()
     return figures
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A run folder's JSON object, {} when it is missing or not one (a record being written)."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def job_of_run(run_dir: Path) -> str:
+    """The registered job a run folder is of, "" when none names one: `user_job.json`'s (written
+    when the run ends), else the launch gate's record's (written before its first node, so a run
+    still going has it; a built-in run's names a partition instead)."""
+    from trainwise.user_jobs import RECORD_FILE
+
+    for name in (RECORD_FILE, job_forecast.LAUNCH_FILE):
+        job = _read_json(Path(run_dir) / name).get("job")
+        if isinstance(job, str) and job:
+            return job
+    return ""
+
+
+def is_user_job_run(run_dir: Path) -> bool:
+    """A run of a registered job (re-forecast by `reforecast_user_run`), not a built-in one
+    (its request.json: `job_forecast.reforecast_run`)."""
+    return not (Path(run_dir) / "request.json").is_file() and bool(job_of_run(run_dir))
+
+
+def _max_steps_of_run(run_dir: Path, records: list[dict[str, Any]]) -> int:
+    """The steps the run goes to, 0 when its code decides: its newest `run_start` (the job's own
+    arguments override the spec's), else the newest run spec its launcher wrote (the fixed
+    market's segments, the supervised engine's spawns), for a run not started yet."""
+    from trainwise.sdk.spec import read_spec
+
+    started = [r for r in records if r["type"] == "run_start"
+               and "max_steps" in (r.get("train_config") or {})]
+    if started:
+        return int(started[-1]["train_config"]["max_steps"] or 0)
+    specs = [*run_dir.glob("user_job/segment-*.spec.json"), *run_dir.glob("emulated/spec-*.json")]
+    for path in sorted(specs, key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            return int(read_spec(path).max_steps or 0)
+        except ValueError:  # RunSpecError: one being written; an older one still says it
+            continue
+    return 0
+
+
+def _finished(run_dir: Path, record: dict[str, Any]) -> bool:
+    """The job called run.finish(): nothing is left, whatever its max_steps said."""
+    outcome = _read_json(run_dir / "outcome-rank0.json")
+    return "completed" in (record.get("status"), outcome.get("status"))
+
+
+def _placement_of_run(run_dir: Path, record: dict[str, Any]) -> dict[str, str]:
+    """`ask_for`'s market or allocation_policy of the run: the supervised engine's policy
+    (user_job.json), else its node's market (gang.json, after any fallback), else the policy
+    its launch was forecast as (a supervised run still going), else the default (spot)."""
+    from trainwise.gang import read_gang
+
+    if record.get("allocation_policy"):
+        return {"allocation_policy": str(record["allocation_policy"])}
+    market = ((read_gang(run_dir) or {}).get("allocation") or {}).get("market")
+    if market:
+        return {"market": str(market)}
+    figures = _read_json(run_dir / job_forecast.LAUNCH_FILE).get("forecast") or {}
+    policy = figures.get("policy") or (figures.get("remaining") or {}).get("policy")
+    return {"allocation_policy": str(policy)} if policy else {}
+
+
+def reforecast_user_run(state_dir: Path, run_id: str, *, deadline_s: float | None = None,
+                        samples: int | None = None, seed: int = 0) -> job_forecast.LiveForecast:
+    """The whole run's P50/P90 of a live (or stopped) run of a registered job (module doc): its
+    bill so far plus its steps left at the pace it measured (before its own first steps: the
+    job's earlier runs'). CannotSizeError without max_steps; FileNotFoundError for a folder
+    that names no registered job."""
+    from trainwise import explain
+    from trainwise import schedule as schedule_lib
+    from trainwise.gang import read_gang
+    from trainwise.user_jobs import RECORD_FILE
+
+    run_dir = explain.find_run_dir(run_id, Path(state_dir) / "runs")
+    job_name = job_of_run(run_dir)
+    if not job_name:
+        raise FileNotFoundError(
+            f"run {run_dir.name} names no registered job (no {RECORD_FILE}, no "
+            f"{job_forecast.LAUNCH_FILE} naming one): a built-in run is re-forecast from its "
+            "request.json, and a registered job's run launched without max_steps has no forecast")
+    records = job_forecast._read_rank0(run_dir)
+    record = _read_json(run_dir / RECORD_FILE)
+    max_steps = _max_steps_of_run(run_dir, records)
+    if not max_steps:
+        raise CannotSizeError(
+            f"run {run_dir.name} of job {job_name!r}: cannot size its steps left without "
+            "max_steps (its code decides when it is done, so its work is unknown); launch it "
+            "with max_steps (the Launchpad's) for a forecast")
+    ask = ask_for(job_name, max_steps=max_steps, run_id=run_dir.name,
+                  **_placement_of_run(run_dir, record))
+    done = max((r["step"] for r in records if r["type"] == "step"), default=0)
+    left = 0 if _finished(run_dir, record) else max(0, max_steps - done)
+    throughput = job_forecast.measure(records, f"measured: this run ({done} steps)") or \
+        measured_throughput(state_dir, job_name, exclude=run_dir.name)
+    if left and throughput is None:
+        raise ValueError(f"run {run_dir.name} of job {job_name!r} has {left} steps left, none "
+                         "measured yet and no earlier run of the job; ask again after its "
+                         "first steps")
+    return _live_forecast(state_dir, run_dir, records, done=done, left=left,
+                          throughput=throughput, ask=ask,
+                          published=schedule_lib.published(state_dir),
+                          clock=job_forecast._live_clock(read_gang(run_dir), ask),
+                          deadline_s=deadline_s, samples=samples, seed=seed)
 
 
 def launch_gate(state_dir: Path, job: JobSpec, project_dir: Path, ask: UserJobAsk,
@@ -249,7 +391,10 @@ def launch_gate(state_dir: Path, job: JobSpec, project_dir: Path, ask: UserJobAs
         return {"run_id": ask.run_id, "job": ask.partition, "skipped": f"not forecast ({error})"}
     assert throughput is not None
     if done:
-        figures = _resumed_figures(state_dir, run_dir, done, throughput, records, ask, published)
+        figures = _resumed_figures(_live_forecast(
+            state_dir, run_dir, records, done=done, left=max(0, ask.max_steps - done),
+            throughput=throughput, ask=ask, published=published, gate=True,
+            clock=job_forecast.provider_clock(ask.instance_type, ask.region)))
     else:
         forecast = _noted(job_forecast.gate_forecast(state_dir, ask, published, throughput), ask)
         figures = {"what": f"{ask.max_steps} steps", **forecast.row()}
@@ -276,5 +421,6 @@ def forecast_metadata(record: dict[str, Any]) -> dict[str, Any]:
 
 
 __all__ = ["CannotSizeError", "OVERRIDE_FIELD", "PROBE_STEPS", "UserJobAsk", "ask_for",
-           "forecast_metadata", "forecast_user_job", "launch_gate", "measured_throughput",
-           "probe_throughput", "throughput_of"]
+           "forecast_metadata", "forecast_user_job", "is_user_job_run", "job_of_run",
+           "launch_gate", "measured_throughput", "probe_throughput", "reforecast_user_run",
+           "throughput_of"]
