@@ -30,7 +30,12 @@ import dagster as dg
 from rl import gate as rl_gate
 from rl.cells import PARTITION_REGIONS
 from rl.policy_file import PolicyFileError, load_policy
-from rl.registry import record_gate_outcome, register_retrained, verify_champion_file
+from rl.registry import (
+    record_gate_outcome,
+    register_retrained,
+    train_data_tags,
+    verify_champion_file,
+)
 from rl.retrain import (
     DAILY_FAST,
     TINY,
@@ -52,13 +57,21 @@ class PolicyTrainConfig(dg.Config):
     ppo_timesteps: int = -1
     """PPO timesteps after the behaviour clone; -1 keeps the budget's."""
     seed: int = 0
+    """Added to the training data's fingerprint (rl.training_data.derived_seed): the same data
+    and seed give the same policy."""
+    train_days: float = -1.0
+    """Days of the region's newest market data to train on; -1 keeps the budget's (slow 14,
+    fast 7)."""
 
 
 def _budget(config: PolicyTrainConfig, full: Budget) -> Budget:
     budget = full if config.budget == "full" else TINY
-    budget = replace(budget, seed=config.seed)
+    # Tiny shrinks the work, not the data: it trains on the full budget's window.
+    budget = replace(budget, seed=config.seed, train_days=full.train_days)
     if config.ppo_timesteps >= 0:
         budget = replace(budget, ppo_timesteps=config.ppo_timesteps)
+    if config.train_days > 0:
+        budget = replace(budget, train_days=config.train_days)
     return budget
 
 
@@ -71,6 +84,8 @@ def _metadata(out: dict) -> dict:
         "candidate_misses": d["candidate_misses"], "incumbent_misses": d["incumbent_misses"],
         "bc_agreement": out["bc_agreement"], "train_seconds": out["train_seconds"],
         "ppo_timesteps": out["ppo_timesteps"], "train_window": out["header"]["train_window"],
+        # What the candidate trained on: data sha256, time range, collections, seed.
+        **train_data_tags(out["header"].get("train_data")),
     }
 
 

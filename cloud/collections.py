@@ -17,6 +17,8 @@ The reference page of the format, every key with its default, an example and the
     source = "who recorded it, where"   # optional, free text
     tick_seconds = 300                  # optional when each file's metadata.gap_seconds says it
     start_time = 2024-05-01T00:00:00Z   # optional: the real instant of tick 0 (UTC offset needed)
+    recorded_from_date = 2024-05-01     # optional: the day recording began (UTC); without
+                                        #   start_time it places the collection in time
     on_demand_usd_per_hour = 3.67       # optional: per node; else the list in cloud/prices.py
     spot_usd_per_hour = 1.10            # optional: per node; else the prices recorded in the
                                         #   trace file, else the AWS Spot Advisor saving
@@ -118,6 +120,9 @@ class CollectionMeta:
     files: dict[str, FileMeta]
     kind: str = ""
     source: str = ""
+    # Epoch seconds (UTC) of 00:00 on `recorded_from_date`, when it reads as a date (free text
+    # otherwise: then None). Only orders collections in time where start_time is absent.
+    recorded_from_s: float | None = None
 
     @property
     def folder(self) -> str:
@@ -266,6 +271,7 @@ def _parse(path: Path, doc: dict[str, Any]) -> CollectionMeta:
         files=files,
         kind=str(doc.get("kind", "")),
         source=str(doc.get("source", "")),
+        recorded_from_s=_date_s(doc.get("recorded_from_date")),
     )
 
 
@@ -375,6 +381,22 @@ def _price(where: object, key: str, value: object) -> float:
         raise CollectionError(f"{where}: {key} = {value!r} USD per node-hour is not plausible; "
                               "prices are per node-hour, not per month or per job")
     return float(value)
+
+
+def _date_s(value: object) -> float | None:
+    """`recorded_from_date` (a TOML date or datetime, or an ISO string) -> epoch seconds of its
+    start in UTC; None for anything else: the key was free text for people before it ordered
+    collections, so a note there must still load."""
+    if isinstance(value, str):
+        try:
+            value = dt.date.fromisoformat(value.strip()[:10])
+        except ValueError:
+            return None
+    if isinstance(value, dt.datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).timestamp()
+    if isinstance(value, dt.date):
+        return dt.datetime(value.year, value.month, value.day, tzinfo=dt.UTC).timestamp()
+    return None
 
 
 def _epoch_s(where: object, key: str, value: object) -> float:

@@ -435,6 +435,7 @@ def build_scenarios(
     starts_deadline_h: float | None = None,
     protocol: str = LOCO,
     skipped: list[SkippedCell] | None = None,
+    starts_for: Callable[[ZoneGroup, int], Iterable[int]] | None = None,
 ) -> list[Scenario]:
     """Scenarios of `setting` under `protocol` (LOCO: windows over the whole trace, each scored
     with a model fitted on the other collections; LTO: windows after the split tick only, the
@@ -443,7 +444,10 @@ def build_scenarios(
     same ticks.
 
     A collection's market too short for the window is skipped with its reason: appended to
-    `skipped` when given, else warned (`SkippedCellWarning`); the other collections run."""
+    `skipped` when given, else warned (`SkippedCellWarning`); the other collections run.
+
+    `starts_for(group, window_ticks)`, LOCO only, replaces the evenly spaced start ticks of a
+    zone group's windows (retraining places its windows by real time: `rl.training_data`)."""
     deadline_h = deadline_h if deadline_h is not None else setting.deadline_h
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol {protocol!r} must be one of {PROTOCOLS}")
@@ -452,6 +456,9 @@ def build_scenarios(
         # would let the fit read raw hours the scored windows also use.
         raise ValueError(f"setting {setting.name!r} is a synthetic market; leave-time-out "
                          "cannot split it without leaking; use leave-one-collection-out")
+    if starts_for is not None and protocol != LOCO:
+        raise ValueError("starts_for places windows under leave-one-collection-out only; "
+                         "leave-time-out places them after its split tick")
     if folders is not None:
         setting = replace(setting, folders=folders)
     collections = all_collections()
@@ -474,7 +481,8 @@ def build_scenarios(
             continue
         if protocol == LOCO:
             split = loco_split(group.folder, collections)
-            starts = window_starts(group.market.n_ticks, starts_ticks, windows_per_zone)
+            starts = (window_starts(group.market.n_ticks, starts_ticks, windows_per_zone)
+                      if starts_for is None else _checked_starts(group, starts_for, starts_ticks))
         else:
             first = lto_split_tick(group.market.n_ticks, starts_ticks)
             split = lto_split(group.folder, first)
@@ -520,6 +528,18 @@ def build_scenarios(
                         )
                     )
     return scenarios
+
+
+def _checked_starts(group: ZoneGroup, starts_for: Callable[[ZoneGroup, int], Iterable[int]],
+                    window_ticks: int) -> list[int]:
+    """`starts_for`'s start ticks, refused (naming the group) when a window would not fit."""
+    starts = sorted({int(s) for s in starts_for(group, window_ticks)})
+    bad = [s for s in starts if s < 0 or s + window_ticks > group.market.n_ticks]
+    if bad:
+        raise ValueError(f"start tick {bad[0]} of {group.folder} ({group.instance_type}): a "
+                         f"window of {window_ticks} ticks does not fit its "
+                         f"{group.market.n_ticks} ticks")
+    return starts
 
 
 def _too_short(setting: Setting, protocol: str, group: ZoneGroup, window_ticks: int
@@ -600,6 +620,16 @@ def all_collections() -> tuple[str, ...]:
 @functools.cache
 def cached_folder_histories(folder: str) -> tuple[AvailabilityHistory, ...]:
     return tuple(folder_histories(folder))
+
+
+def forget_loaded_data() -> None:
+    """Drops what this module cached from the spot data folder (folder histories, fitted risk
+    models): they are keyed by folder name, so a long-lived process whose data grew (a newer
+    collection, a longer trace, another TRAINWISE_DATA_DIR) would otherwise keep fitting on the
+    old data. `rl.training_data` calls it when the folder's files change."""
+    cached_folder_histories.cache_clear()
+    _RISK_MODELS.clear()
+    _WINDOW_MODELS.clear()
 
 
 # Policies whose factory takes per-scenario arguments: name -> kwargs builder.

@@ -5,6 +5,8 @@ The split never lets evaluation see what training saw:
 - held out: the same collection's windows that START after that point (later time), and every
   other single-node collection (collections and zones never used in training).
 `region` restricts both sides to home zones of one region (the Dagster partition key).
+This fixed split is the benchmark's (`benchmarks/rl`: comparable between versions); scheduled
+retraining trains on the region's newest data instead (`rl.training_data.rolling_split`).
 """
 
 from __future__ import annotations

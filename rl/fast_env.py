@@ -4,9 +4,11 @@ What is measured data and what is a stated model:
 - straggling: each rank's step-time inflation is drawn from the real Alibaba mini-batch traces
   (`cloud.stragglers.load_step_inflation`) and persists from tick to tick with probability
   `persist` (a slow node stays slow for a while, which is what re-sharing exploits);
-- preemption notices: a spot node gets a notice at the hazard measured on a real spot trace
-  (preemptions per hour of availability of a zone of `preemption-1node-aws-2023-04`, drawn per
-  episode), `notice_s` before the node is reclaimed;
+- preemption notices: a spot node gets a notice at a hazard measured on real spot traces
+  (reclaims per hour of spot-up time of one zone trace, drawn per episode), `notice_s` before the
+  node is reclaimed. `hazards_per_h` are the region's own (retraining passes
+  `rl.training_data.region_fast_stats`: its zones' newest days), so regions whose markets differ
+  train different policies; without it, the zones of `preemption-1node-aws-2023-04`;
 - gradient noise (MODEL, not data): B_noise grows linearly with progress from `noise0` to
   10 x `noise0` (McCandlish et al. 2018 report an order of magnitude over a run), measured with
   30 % log-normal noise; progress per step is 1 / (1 + B_noise / B) "ideal steps"
@@ -21,6 +23,8 @@ work) and starts the restart during the notice instead of after the kill.
 from __future__ import annotations
 
 import functools
+import math
+from collections.abc import Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -66,7 +70,8 @@ class FastEnv(gym.Env):
                  persist: float = 0.9, noise0: float = 64.0, example_ms: float = 2.0,
                  overhead_ms: float = 60.0, micro_batch_size: int = 16, checkpoint_cost_s: float = 40.0,
                  checkpoint_interval_s: float = 1800.0, restart_s: float = 360.0,
-                 notice_s: float = 120.0, hazard_scale: float = 1.0):
+                 notice_s: float = 120.0, hazard_scale: float = 1.0,
+                 hazards_per_h: Sequence[float] | None = None):
         if ranks < 1 or episode_ticks < 1 or tick_s <= 0:
             raise ValueError(f"ranks={ranks}, episode_ticks={episode_ticks}, tick_s={tick_s} must be positive")
         self.ranks, self.episode_ticks, self.tick_s = ranks, episode_ticks, tick_s
@@ -75,7 +80,12 @@ class FastEnv(gym.Env):
         self.micro0 = micro_batch_size
         self.checkpoint_cost_s, self.checkpoint_interval_s = checkpoint_cost_s, checkpoint_interval_s
         self.restart_s, self.notice_s = restart_s, notice_s
-        self.hazards = tuple(h * hazard_scale for h in notice_hazards_per_h())
+        measured = notice_hazards_per_h() if hazards_per_h is None else tuple(
+            float(h) for h in hazards_per_h)
+        if not measured or not all(math.isfinite(h) and h >= 0 for h in measured):
+            raise ValueError(f"hazards_per_h={measured} must be one or more finite reclaim "
+                             "rates per spot-up hour, 0 or more")
+        self.hazards = tuple(h * hazard_scale for h in measured)
         self.inflation = _inflation()
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, (FAST_OBS_SIZE,), np.float32)
         self.action_space = gym.spaces.MultiDiscrete(

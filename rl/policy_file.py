@@ -11,6 +11,9 @@ file can carry numbers only, never code. The header says:
     activation  "tanh"
     region      the region the policy was trained for (None: all)
     train_window, version, created_utc, figures (free-form evaluation numbers)
+    train_data  what the version trained on, field by field (`rl.training_data`: region, time
+                range, collections and zones, data_sha256, seed; the fast policy's region
+                statistics); train_window is its one-line summary. {} in older files
     weights_sha256  sha256 over the weight arrays' bytes in name order
 
 `load_policy` refuses, with `PolicyFileError` naming the file and the fix: a file that is not a
@@ -77,6 +80,7 @@ class PolicyWeights:
     version: int = 1
     figures: dict = field(default_factory=dict)
     activation: str = "tanh"
+    train_data: dict = field(default_factory=dict)
 
     def arrays(self) -> dict[str, np.ndarray]:
         out: dict[str, np.ndarray] = {}
@@ -129,7 +133,8 @@ def save_policy(weights: PolicyWeights, path: str | Path) -> dict:
         "activation": weights.activation, "region": weights.region,
         "train_window": weights.train_window, "version": weights.version,
         "created_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "figures": weights.figures, "hidden_layers": len(weights.hidden),
+        "figures": weights.figures, "train_data": weights.train_data,
+        "hidden_layers": len(weights.hidden),
         "weights_sha256": _hash(arrays),
     }
     blob = np.frombuffer(json.dumps(header, sort_keys=True).encode(), dtype=np.uint8)
@@ -254,8 +259,9 @@ def _header_type_problem(header: dict) -> str | None:
     for name in ("region", "train_window", "activation", "layout_sha256", "weights_sha256"):
         if header.get(name) is not None and not isinstance(header.get(name), str):
             return f"{name} is a {type(header.get(name)).__name__}, not a string"
-    if not isinstance(header.get("figures", {}), dict):
-        return "figures is not an object"
+    for name in ("figures", "train_data"):
+        if not isinstance(header.get(name, {}), dict):
+            return f"{name} is not an object"
     return None
 
 
@@ -323,7 +329,8 @@ def _load_checked(path: Path, where: str, kind: str, layout: tuple[str, ...],
         raise PolicyFileError(f"{where}: head has {width} logits, nvec {nvec} needs {sum(nvec)}")
     return PolicyWeights(hidden, head, nvec, tuple(layout), kind, header.get("region"),
                          header.get("train_window") or "", header.get("version", 0),
-                         header.get("figures", {}), header.get("activation") or "tanh")
+                         header.get("figures", {}), header.get("activation") or "tanh",
+                         header.get("train_data", {}))
 
 
 def read_header(path: str | Path) -> dict:

@@ -105,6 +105,27 @@ def _figure_tags(decision: Mapping[str, Any]) -> dict[str, str]:
     return {k: str(v) for k, v in figures.items() if v is not None}
 
 
+def train_data_tags(train_data: Any) -> dict[str, str]:
+    """What a version trained on, as tags (header `train_data`, `rl.training_data`): the data's
+    sha256, the time range, the collections and zones, the seed, and for a fast policy the
+    region's pooled reclaim hazard. Older files without it give none."""
+    if not isinstance(train_data, Mapping):
+        return {}
+    collections = train_data.get("collections") or []
+    stats = train_data.get("region_stats") or {}
+    tags = {
+        "train_data_sha256": train_data.get("data_sha256"),
+        "train_start_utc": train_data.get("start_utc"), "train_end_utc": train_data.get("end_utc"),
+        "train_seed": train_data.get("seed"),
+        "train_collections": "; ".join(
+            f"{c.get('collection')} {','.join(c.get('home_zones') or [])}"
+            for c in collections if isinstance(c, Mapping)) or None,
+        "train_reclaims_per_spot_up_h": (stats.get("pooled_reclaims_per_spot_up_h")
+                                         if isinstance(stats, Mapping) else None),
+    }
+    return {k: str(v) for k, v in tags.items() if v is not None}
+
+
 def _aliases(client: Any, name: str) -> dict[str, str]:
     """alias -> version as str (the sqlite store answers ints, a server strings)."""
     return {alias: str(v) for alias, v in client.get_registered_model(name).aliases.items()}
@@ -166,7 +187,8 @@ def register_candidate(kind: str, region: str, path: str | Path, decision: Mappi
                 "layout_sha256": str(header.get("layout_sha256")),
                 "created_utc": str(header.get("created_utc")),
                 "incumbent": str(extra.get("incumbent", decision.get("incumbent", ""))),
-                "gate_status": "pending", **_figure_tags(decision)}
+                "gate_status": "pending", **_figure_tags(decision),
+                **train_data_tags(header.get("train_data"))}
         artifact_uri = client.get_run(run_id).info.artifact_uri.rstrip("/")
         version = client.create_model_version(
             name, f"{artifact_uri}/{ARTIFACT_DIR}", run_id=run_id,

@@ -8,6 +8,13 @@ Files under `<TRAINWISE_HOME>/policies/<kind>/<region>/`:
 replaces the champion only when the decision promotes; a refused candidate stays on disk for
 inspection and the incumbent (champion or heuristic) stays in charge. `load_champion_*` fall back
 to the heuristic (return None) when there is no champion or its file is refused.
+
+What each trains on (`rl.training_data`): the slow policy on the newest `train_days` of the
+region's single-node market data before a held-out tail of `held_out_days` (gated on the tail and
+the older data); the fast policy in a FastEnv whose notices come at the reclaim hazards measured
+on the region's newest `train_days`. Both train with `derived_seed` (the budget seed plus the
+data's fingerprint), so new data gives a new policy and the same data and seed the same one; the
+header's `train_window` and `train_data` record what was used.
 """
 
 from __future__ import annotations
@@ -21,13 +28,14 @@ import numpy as np
 
 from controllers.fast_heuristic import HeuristicFastPolicy
 from rl._files import write_atomic
-from rl.cells import heuristic_for, make_split
+from rl.cells import heuristic_for
 from rl.fast_obs import FAST_OBS_LAYOUT
 from rl.fast_path import LearnedAllocationPolicy, NumpyPolicy
 from rl.gate import DEFAULT_MARGIN, decide, evaluate_fast, evaluate_slow, record_decision
 from rl.policy_file import PolicyFileError, load_policy, save_policy, weights_from_sb3
 from rl.policy_folder import policy_dir
 from rl.slow_obs import SLOW_OBS_LAYOUT
+from rl.training_data import derived_seed, region_fast_stats, rolling_split
 
 
 @dataclass(frozen=True)
@@ -41,12 +49,19 @@ class Budget:
     held_out: int = 0
     fast_episode_ticks: int = 240
     seed: int = 0
+    # Recorded days of the region's newest market data trained on (slow: before the held-out
+    # tail; fast: the days its reclaim hazards are measured over). Two weeks: long enough for
+    # several 52 h windows per zone, short enough that a week of new data moves it by half.
+    train_days: float = 14.0
+    # The newest days held out for the slow gate; at least the 52 h job window, so the tail
+    # holds one held-out window per zone.
+    held_out_days: float = 3.0
 
 
 TINY = Budget(ppo_timesteps=256, bc_states=128, n_envs=2, n_steps=128, windows_per_zone=6,
               held_out=2, fast_episode_ticks=24)
 WEEKLY_SLOW = Budget(ppo_timesteps=200_000, bc_states=4000, held_out=0)
-DAILY_FAST = Budget(ppo_timesteps=100_000, bc_states=4000, held_out=30)
+DAILY_FAST = Budget(ppo_timesteps=100_000, bc_states=4000, held_out=30, train_days=7.0)
 
 
 def _next_version(folder: Path) -> int:
@@ -79,14 +94,17 @@ def retrain_slow(region: str, budget: Budget, log: Callable | None = None) -> di
     from rl.slow_env import SlowEnv
     from rl.train import train_policy
 
-    split = make_split(region=region, windows_per_zone=budget.windows_per_zone)
+    split = rolling_split(region, budget.train_days, budget.held_out_days,
+                          windows_per_zone=budget.windows_per_zone)
     train_cells = split.train
+    seed = derived_seed(budget.seed, split.data_sha256)
     model, report = train_policy(lambda: SlowEnv(train_cells), budget.ppo_timesteps, budget.n_envs,
-                                 budget.seed, budget.bc_states, budget.n_steps, log=log)
+                                 seed, budget.bc_states, budget.n_steps, log=log)
     held = split.held_out[: budget.held_out] if budget.held_out else split.held_out
     folder = policy_dir("slow", region)
     version = _next_version(folder)
     weights = weights_from_sb3(model, "slow", SLOW_OBS_LAYOUT, region, split.train_window, version)
+    weights.train_data = {**split.train_data, "seed": seed, "budget_seed": budget.seed}
     candidate = NumpyPolicy(weights)
     champion = load_champion_slow(region)
     cand_rows = evaluate_slow(lambda c: LearnedAllocationPolicy(candidate, heuristic_for(c)), held)
@@ -102,28 +120,32 @@ def retrain_slow(region: str, budget: Budget, log: Callable | None = None) -> di
 
 
 def retrain_fast(region: str, budget: Budget, log: Callable | None = None) -> dict:
-    """The fast environment is region-independent except for the notice hazards; the region
-    names the partition (each region's trainer loads its own champion)."""
+    """The region's fast environment differs from another region's by its notice hazards,
+    measured on the region's newest `budget.train_days` of spot data (`region_fast_stats`);
+    straggling comes from region-free traces. Training and the gate use the same environment."""
     # gymnasium and stable-baselines3 cost seconds; the code location imports this module.
     from rl.fast_env import FastEnv
     from rl.train import train_policy
 
-    ticks = budget.fast_episode_ticks
-    model, report = train_policy(lambda: FastEnv(episode_ticks=ticks), budget.ppo_timesteps,
-                                 budget.n_envs, budget.seed, budget.bc_states, budget.n_steps, log=log)
+    stats = region_fast_stats(region, budget.train_days)
+    seed = derived_seed(budget.seed, stats.data_sha256)
+    env_kwargs = {"episode_ticks": budget.fast_episode_ticks, "hazards_per_h": stats.hazards_per_h}
+    model, report = train_policy(lambda: FastEnv(**env_kwargs), budget.ppo_timesteps,
+                                 budget.n_envs, seed, budget.bc_states, budget.n_steps, log=log)
     folder = policy_dir("fast", region)
     version = _next_version(folder)
-    weights = weights_from_sb3(model, "fast", FAST_OBS_LAYOUT, region,
-                               f"FastEnv seeds from {budget.seed}", version)
+    weights = weights_from_sb3(model, "fast", FAST_OBS_LAYOUT, region, stats.describe(), version)
+    weights.train_data = {**stats.to_dict(), "seed": seed, "budget_seed": budget.seed,
+                          "env": {"episode_ticks": budget.fast_episode_ticks}}
     candidate = NumpyPolicy(weights)
     champion = load_champion_fast(region)
-    # Held-out seeds: far from the ones training drew (sb3 seeds envs from budget.seed upward).
+    # Held-out seeds: fixed, apart from training's (sb3 seeds envs from the derived seed upward;
+    # a derived seed within a few dozen of 10,000 is about one chance in 10^7).
     seeds = [10_000 + i for i in range(budget.held_out or 20)]
 
     def acting(net: NumpyPolicy | None):
         return lambda: (lambda obs: np.zeros(3, np.int64) if net is None else np.asarray(net.predict(obs)))
 
-    env_kwargs = {"episode_ticks": ticks}
     cand_rows = evaluate_fast(acting(candidate), seeds, env_kwargs)
     inc_rows = evaluate_fast(acting(champion), seeds, env_kwargs)
     incumbent = "heuristic_fast" if champion is None else f"champion v{champion.weights.version}"
@@ -140,7 +162,8 @@ def _finish(folder: Path, version: int, weights, decision, incumbent: str, repor
     header = save_policy(weights, path)
     gate_path = record_decision(decision, folder / f"gate_v{version}.json",
                                 {"candidate": path.name, "incumbent": incumbent,
-                                 "train_window": weights.train_window})
+                                 "train_window": weights.train_window,
+                                 "train_data_sha256": weights.train_data.get("data_sha256")})
     return {"path": str(path), "version": version, "header": header, "gate_path": str(gate_path),
             "decision": decision.to_dict(), "incumbent": incumbent, "promoted": decision.promote,
             "bc_agreement": report.bc_agreement, "train_seconds": report.seconds,
