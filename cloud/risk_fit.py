@@ -7,7 +7,10 @@ least that many spot nodes):
    the run's age at that tick, and the tick where the run ends adds one event. events / hours is
    the maximum-likelihood piecewise-constant hazard (Kalbfleisch & Prentice 2002, ch. 4; the
    binned form of Kaplan-Meier). The first run of a series is left-censored (its start is unknown)
-   and is skipped; the run cut by the cutoff is right-censored (hours at risk, no event).
+   and is skipped, unless it is the series' only run (no change of state at all): then its
+   hours count, aged from the series start, with no event, so a market that never ended a run
+   reads as safe rather than inheriting the pool's hazard. The run cut by the cutoff is
+   right-censored (hours at risk, no event).
 2. Shrinkage (gamma-Poisson, empirical Bayes): a zone's rate in an age bin is
    (events + k) / (hours + k / prior_rate), with `k = prior_events` pseudo-events at the pooled
    rate, i.e. the posterior mean under a Gamma(k, k / prior_rate) prior. The zone shrinks
@@ -176,7 +179,13 @@ def count_runs(
     last = (starts[-1], bool(up[-1]))
     age_at_end_s = float((n - last[0]) * tick_s)
     at_end = (UP if last[1] else DOWN, age_at_end_s)
-    known = run_id > 0  # the first run started before the series: its ages are unknown
+    # The first run started before the series: its ages are unknown, so it is skipped (its
+    # end, if any, would be placed at a wrong age). Except when it is the only run: a series
+    # that never changes state (a calm market, a gang never down in the fitted ticks) would
+    # then add no exposure at all and read another market's hazard, the dangerous one; its
+    # hours count from the series start (a lower bound of the true ages), with no event, so
+    # a market with no observed endings reads as safe as its length shows.
+    known = run_id > 0 if change.size else np.ones(n, dtype=bool)
     ends = np.zeros(n, dtype=bool)
     ends[change - 1] = True  # the last tick of every run that ended inside the series
     age_bin = np.searchsorted(np.asarray(config.age_edges_s), age_ticks * tick_s, side="right") - 1

@@ -274,3 +274,35 @@ def test_a_gang_level_without_ticks_of_its_own_reads_a_gang_scaled_prior_when_as
 def test_the_gang_exponent_must_be_a_share():
     with pytest.raises(ValueError, match="gang_hazard_exponent"):
         RiskFitConfig(gang_hazard_exponent=1.5)
+
+
+def test_a_market_that_never_ended_a_run_reads_as_safe_not_as_the_prior():
+    """A gang never down in the fitted ticks is one left- and right-censored run: its hours
+    count (no event), so its hazard falls well below a risky prior's instead of inheriting it
+    (found on a calm 16-node market: trainwise paid the whole on-demand bill)."""
+    rng = np.random.default_rng(3)
+    risky = history(alternating(rng, 50_000, lambda a: 2.0, lambda a: 2.0), name="risky")
+    calm = history([np.ones(3_000, dtype=np.int64), np.ones(3_000, dtype=np.int64)])
+    config = RiskFitConfig(age_edges_s=(0.0,), hour_bins=1)
+    model = fit_risk_model(calm, 3_000, prior=[risky], config=config)
+    prior_rate = fit_risk_model(calm, 0, prior=[risky], config=config).curve(
+        "us-test-1a", 1, UP).rate_per_h[0]
+    assert prior_rate == pytest.approx(2.0, rel=0.15)
+    calm_rate = model.curve("us-test-1a", 1, UP).rate_per_h[0]
+    # 50 h up in each zone, no end: k / (hours + k / prior) with k = 2 pseudo-events.
+    assert calm_rate < 0.1 * prior_rate
+    assert model.curve(POOLED_ZONE, 1, UP).rate_per_h[0] < 0.1 * prior_rate
+    assert model.mean_run_s("us-test-1a") > 10 * 3600.0
+
+
+def test_the_first_run_of_a_series_that_changes_is_still_skipped():
+    """Its start is unknown: a series with a change counts only the runs after the first."""
+    config = RiskFitConfig(age_edges_s=(0.0,), hour_bins=1)
+    series = np.r_[np.ones(500, dtype=np.int64), np.zeros(100, np.int64),
+                   np.ones(200, np.int64)]
+    from cloud.risk_fit import count_runs
+
+    counts, at_end = count_runs(series.astype(bool), TICK_S, 0.0, config)
+    assert counts.hours.sum() == pytest.approx(300 * TICK_S / 3600.0)  # not the first 500
+    assert counts.events.sum() == 1  # the down run's end
+    assert at_end == (UP, 200 * TICK_S)

@@ -54,7 +54,9 @@ def test_secret_values_are_redacted(value, shown):
 
 
 @pytest.mark.parametrize("value", [
-    hashlib.sha256(b"x").hexdigest(), uuid.uuid4().hex, str(uuid.uuid4()), "p3.2xlarge",
+    # Fixed ids, not uuid4(): every pytest-xdist worker must collect the same test names.
+    hashlib.sha256(b"x").hexdigest(), uuid.UUID(int=0x5EED).hex, str(uuid.UUID(int=0xC0FFEE)),
+    "p3.2xlarge",
     "/tmp/pytest-of-root/pytest-12/trainwise_home0/runs/abc", "0.001", "tinyshakespeare",
     "https://example.com/path?page=1", "http://127.0.0.1:5000", "sqlite:////tmp/x/mlflow.db",
     "s3://bucket/trainwise/checkpoints/pystdlib/run1/step-0000010.pt",
