@@ -37,11 +37,17 @@ system-parts:
 	  else echo "not root, not installed:$$missing (their integration tests will skip)"; fi; \
 	fi
 
+# Test files run in parallel (pytest-xdist), one file per worker at a time (--dist loadfile:
+# a module's shared servers and fixtures stay in one process); one worker per core, at most 4
+# (each worker holds torch, Dagster and its servers). TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; echo $$n)
+XDIST := -n $(TEST_WORKERS) --dist loadfile
+
 test: venv system-parts
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
 
 test-all: venv system-parts
-	$(PY) -m pytest -q -m ""
+	$(PY) -m pytest -q -m "" $(XDIST)
 
 bench: venv
 	$(VENV)/bin/trainwise bench all
