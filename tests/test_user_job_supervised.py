@@ -106,17 +106,22 @@ def test_trainwise_rides_spot_answers_the_reclaim_and_resumes_from_the_store(sup
     spec, out = supervised("trainwise_heuristic")
     result, record, figures = out.result, out.record, out.figures
     assert result["status"] == "completed", result["failure"]
-    assert result["outcome"]["status"] == "completed" and result["outcome"]["step"] == MAX_STEPS
+    assert result["outcome"]["step"] == MAX_STEPS
+    # A reclaim can land during the last step (timing: a loaded machine): the run is complete,
+    # the job left on the notice, and the result says how to finish its own code.
+    reclaimed_last = result["outcome"]["status"] == "preempted"
+    assert result["outcome"]["status"] == "completed" or (
+        reclaimed_last and "reclaimed at its last step" in result["note"]), result["outcome"]
     assert record["engine"] == "supervised" and record["allocation_policy"] == "trainwise_heuristic"
     assert figures.preemptions >= 1 and result["reclaims"] == figures.preemptions
     assert figures.spot_node_s > 0 and record["spot_share"] > 0, "it rode spot while it was up"
     assert record["replacements"] >= 1 and figures.resumes >= 1
     segments = result["segments"]
-    assert [s["returncode"] for s in segments][-1] == 0
+    assert [s["returncode"] for s in segments][-1] == (143 if reclaimed_last else 0)
     stopped = [s for s in segments if s["stop_reason"] == "preemption"]
     assert stopped and all(s["returncode"] == 143 and s["status"] == "preempted"
                            for s in stopped)
-    first = stopped[0]
+    first = [s for s in stopped if s["step"] < MAX_STEPS][0]  # a reclaim mid-run
     # The notice was answered with a checkpoint committed to the store, and the next node (an
     # empty disk: the engine deleted the stopped node's checkpoints) resumed from it.
     assert 0 < first["step"] < MAX_STEPS and first["step"] in _committed(spec)

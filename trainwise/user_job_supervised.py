@@ -218,7 +218,15 @@ def supervise_user_job(job: JobSpec, project_dir: Path, spec: RunSpec, replay: R
               "steps": emulation.steps, "outcome": outcome, "engine": ENGINE,
               "allocation_policy": policy_name, "fast_policy": spec.fast_policy,
               "fast_levers": list(spec.fast_levers)}
-    if status == "completed" and outcome is not None and outcome.get("step") != spec.max_steps:
+    if (status == "completed" and outcome is not None
+            and outcome.get("status") in ("preempted", "migrated")):
+        # Reclaimed during its last step: the engine counts finished work as done (no policy
+        # relaunches it), so the job's own code after its loop has not run.
+        result["note"] = (f"reclaimed at its last step ({outcome.get('step')}): the weights are "
+                          "final and committed, but the job's code after its training loop did "
+                          "not run; launch the same run_id again to finish it (it trains "
+                          "nothing more)")
+    elif status == "completed" and outcome is not None and outcome.get("step") != spec.max_steps:
         result["note"] = (f"the job ended at step {outcome.get('step')}, the run spec said "
                           f"max_steps={spec.max_steps} (its own arguments override the spec); "
                           "the work model and the deadline assumed the spec's")
