@@ -161,6 +161,13 @@ def test_preflight_refuses_a_bad_provider_setting_before_the_first_step(fresh_re
 
     preflight.check_provider()  # emulated: nothing to check
     monkeypatch.setenv("TRAINWISE_PROVIDER", "aws")
+    # What a node is launched with, well formed (no EC2 call checks that they exist); their
+    # absence is tests/test_cloud_provider_aws.py's.
+    for name, value in (("TRAINWISE_EC2_IMAGE_ID", "ami-0abc1234"),
+                        ("TRAINWISE_EC2_INSTANCE_PROFILE", "trainwise-node"),
+                        ("TRAINWISE_EC2_SUBNET_IDS", "subnet-0abc1234"),
+                        ("TRAINWISE_EC2_SECURITY_GROUP_IDS", "sg-0abc1234")):
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("TRAINWISE_EC2_ENDPOINT_URL", "localhost:5000")
     [problem] = problems()
     assert problem.startswith("compute provider: TRAINWISE_EC2_ENDPOINT_URL='localhost:5000'")

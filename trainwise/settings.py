@@ -59,7 +59,26 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TRAINWISE_PROVIDER_MODULES", "", "comma-separated Python modules (import paths) "
             "imported before the provider is looked up, each registering a compute provider "
             "with @register_provider (cloud/providers/registry.py); empty = the built-ins only"),
-    Setting("TRAINWISE_EC2_ENDPOINT_URL", "", "EC2 endpoint override (moto_server in tests); empty = AWS"),
+    Setting("TRAINWISE_EC2_ENDPOINT_URL", "", "EC2 (and SSM, for the image parameter) endpoint "
+            "override (moto_server in tests); empty = AWS"),
+    Setting("TRAINWISE_EC2_IMAGE_ID", "", "aws: the AMI (ami-...) the nodes boot, with "
+            "trainwise installed so that the node agent starts (docs/agent.md); required unless "
+            "TRAINWISE_EC2_IMAGE_PARAMETER is set"),
+    Setting("TRAINWISE_EC2_IMAGE_PARAMETER", "", "aws: an SSM parameter (e.g. /trainwise/node-ami) "
+            "whose value is the AMI id, read at the first launch (at TRAINWISE_EC2_ENDPOINT_URL); "
+            "instead of TRAINWISE_EC2_IMAGE_ID"),
+    Setting("TRAINWISE_EC2_INSTANCE_PROFILE", "", "aws, required: the IAM instance profile (name "
+            "or ARN) of the nodes, their credentials for the object store (user-data carries no "
+            "keys)"),
+    Setting("TRAINWISE_EC2_SUBNET_IDS", "", "aws, required: comma-separated subnets (subnet-...) "
+            "of the nodes, one per zone a run may be placed in; runs go only to their zones"),
+    Setting("TRAINWISE_EC2_SECURITY_GROUP_IDS", "", "aws, required: comma-separated security "
+            "groups (sg-...) of the nodes, in the subnets' VPC"),
+    Setting("TRAINWISE_EC2_TAGS", "", "aws: extra tags on every node, comma-separated KEY=VALUE "
+            "(keys not aws: or trainwise:)"),
+    Setting("TRAINWISE_EC2_AGENT_COMMAND", "python3 -m trainwise.agent", "aws: the command that "
+            "starts the node agent on the AMI (e.g. /opt/trainwise/.venv/bin/python -m "
+            "trainwise.agent); the nodes' user-data runs it with the run's --store and --run-id"),
     Setting("TRAINWISE_ALLOCATION_POLICY", "trainwise_heuristic", "node allocation policy of the "
             "schedule until an approved schedule_change replaces it"),
     Setting("TRAINWISE_APPROVERS", "", "comma-separated identities allowed to approve schedule "

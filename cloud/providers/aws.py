@@ -2,8 +2,13 @@
 
 - launch: `run_instances` (MinCount = MaxCount = count, so all or none), placed in the zone;
   spot through `InstanceMarketOptions` (one-time, terminate on interruption), tagged
-  `trainwise:node=1`. Refusals (no capacity, limits, bad AMI) raise `LaunchFailedError` with
-  EC2's error code.
+  `trainwise:node=1` (and `trainwise:run`, the user's TRAINWISE_EC2_TAGS). With the launch
+  settings (`cloud/providers/aws_launch.py`): the AMI (TRAINWISE_EC2_IMAGE_ID, or the SSM
+  parameter TRAINWISE_EC2_IMAGE_PARAMETER read at the first launch), the instance profile, the
+  subnet of the zone and the security groups. A provider built for a run (`for_run` with
+  `run_id` and `store_root`) sends user-data that starts the node agent for that run
+  (`cloud/providers/aws_user_data.py`); one built without them sends none. Refusals (no
+  capacity, limits, bad AMI) raise `LaunchFailedError` with EC2's error code.
 - terminate: `terminate_instances`; describe: `describe_instances` (pending -> pending, running ->
   running, shutting-down / terminated / stopped -> terminated when we asked, else reclaimed; a
   spot request `marked-for-termination` -> notice).
@@ -12,8 +17,9 @@
   (billing needs a price: `cloud/prices.py`).
 
 Credentials come only from boto3's default chain (environment, profile, instance role); this
-module never reads, logs or passes them. `endpoint_url` points the client at another EC2 endpoint
-(moto_server on loopback in the tests). The clock is Unix seconds (`time.time`).
+module never reads, logs or passes them, and the nodes' user-data carries none (the nodes get
+theirs from the instance profile). `endpoint_url` points the EC2 and SSM clients at another
+endpoint (moto_server on loopback in the tests). The clock is Unix seconds (`time.time`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from cloud import prices
+from cloud.providers.aws_launch import (
+    IMAGE_PARAMETER_SETTING,
+    IMAGE_SETTING,
+    SETTING_NAMES,
+    SUBNETS_SETTING,
+    LaunchSettings,
+    instance_profile_field,
+    parse_tags,
+)
+from cloud.providers.aws_user_data import AgentBoot
 from cloud.providers.base import (
     SPOT,
     ComputeProvider,
@@ -45,6 +61,7 @@ from cloud.providers.registry import register_provider
 NAME = "aws"
 ENDPOINT_SETTING = "TRAINWISE_EC2_ENDPOINT_URL"
 TAG_KEY = "trainwise:node"
+RUN_TAG_KEY = "trainwise:run"  # the run whose agent the node starts (absent: a bare launch)
 ENDPOINT_FIX = ("check the network, or set TRAINWISE_EC2_ENDPOINT_URL to a reachable EC2 "
                 "endpoint (empty for AWS itself)")
 # EC2 instance states -> ours, when we did not terminate the instance ourselves.
@@ -100,56 +117,104 @@ class _Node:
 @register_provider(NAME)
 class AwsProvider(ComputeProvider):
     name = NAME
-    setting_names = (ENDPOINT_SETTING,)
+    setting_names = (ENDPOINT_SETTING, *SETTING_NAMES)
 
     @classmethod
-    def for_run(cls, instance_type: str, region: str, **options: Any) -> AwsProvider:
-        """A training run's provider: EC2 in `region` at TRAINWISE_EC2_ENDPOINT_URL unless
-        `endpoint_url` is given; other `options` go to `AwsProvider` (image_id, client, clock,
-        connect_timeout_s)."""
+    def for_run(cls, instance_type: str, region: str, *, run_id: str | None = None,
+                store_root: str | None = None, job: str | None = None,
+                **options: Any) -> AwsProvider:
+        """A training run's provider: EC2 in `region` at TRAINWISE_EC2_ENDPOINT_URL, launching
+        with the launch settings (TRAINWISE_EC2_*), each unless given in `options` (which go to
+        `AwsProvider`). With `run_id` and `store_root` (and optionally `job`) its nodes boot
+        the node agent for that run; a bad value raises ValueError here, before any launch."""
+        launch = LaunchSettings.from_settings()
         options.setdefault("endpoint_url", ec2_endpoint_url())
+        for key, value in (("image_id", launch.image_id or None),
+                           ("image_parameter", launch.image_parameter or None),
+                           ("instance_profile", launch.instance_profile or None),
+                           ("subnet_ids", launch.subnet_ids),
+                           ("security_group_ids", launch.security_group_ids),
+                           ("tags", parse_tags(launch.tags))):
+            options.setdefault(key, value)
+        if (run_id, store_root, job) != (None, None, None):
+            if run_id is None or store_root is None:
+                raise ValueError("the aws provider starts a node agent only with both run_id "
+                                 "and store_root; give both, or neither for bare nodes")
+            options["agent"] = AgentBoot(run_id, store_root, job, launch.agent_command)
         return cls(region, **options)
 
     @classmethod
     def preflight(cls) -> None:
-        """boto3 is installed and the endpoint override, if any, is a URL (no EC2 call: an
-        unreachable endpoint is found at the first launch, still before any step)."""
-        check_endpoint_url(ec2_endpoint_url())
+        """boto3 is installed, the endpoint override, if any, is a URL, and every launch
+        setting a node needs is given and well formed: one ValueError lists all that are not,
+        so a user fixes them in one go, before any node is billed (no AWS call: an unreachable
+        endpoint or an id that does not exist is found at the first launch, still before any
+        step)."""
+        problems = []
+        try:
+            check_endpoint_url(ec2_endpoint_url())
+        except ValueError as error:
+            problems.append(str(error))
         try:
             import boto3  # noqa: F401
         except ImportError as error:
-            raise ValueError(f"TRAINWISE_PROVIDER='aws' needs boto3 ({error}); install it or "
-                             "choose another provider") from None
+            problems.append(f"TRAINWISE_PROVIDER='aws' needs boto3 ({error}); install it or "
+                            "choose another provider")
+        problems += LaunchSettings.from_settings().problems()
+        if len(problems) == 1:
+            raise ValueError(problems[0])
+        if problems:
+            listed = "\n".join(f"    - {p}" for p in problems)
+            raise ValueError(f"TRAINWISE_PROVIDER='aws' cannot launch a node: {len(problems)} "
+                             f"settings to fix (nothing was launched):\n{listed}")
 
     def __init__(self, region: str, *, endpoint_url: str | None = None,
-                 image_id: str | None = None, client: Any = None,
+                 image_id: str | None = None, image_parameter: str | None = None,
+                 instance_profile: str | None = None, subnet_ids: tuple[str, ...] = (),
+                 security_group_ids: tuple[str, ...] = (), tags: dict[str, str] | None = None,
+                 agent: AgentBoot | None = None, client: Any = None, ssm_client: Any = None,
                  clock: Callable[[], float] = time.time, connect_timeout_s: float = 5.0) -> None:
-        import boto3
         from botocore.config import Config
 
         self.region = region
         self.endpoint_url = endpoint_url
         self.image_id = image_id
+        self.image_parameter = image_parameter
+        self.instance_profile = instance_profile
+        self.subnet_ids = tuple(subnet_ids)
+        self.security_group_ids = tuple(security_group_ids)
+        self.tags = dict(tags or {})
+        self.agent = agent
         self.clock = clock
-        self.client = client or boto3.client(
-            "ec2", region_name=region, endpoint_url=endpoint_url,
-            config=Config(connect_timeout=connect_timeout_s, read_timeout=30,
-                          retries={"max_attempts": 2, "mode": "standard"}))
+        self._config = Config(connect_timeout=connect_timeout_s, read_timeout=30,
+                              retries={"max_attempts": 2, "mode": "standard"})
+        self.client = client or self._boto_client("ec2")
+        self._ssm_client = ssm_client
         self._nodes: dict[str, _Node] = {}
         self._zones: tuple[str, ...] | None = None
+        self._subnet_by_zone: dict[str, str] | None = None
 
     # -- plumbing -----------------------------------------------------------------------------
     @property
     def endpoint(self) -> str:
         return self.endpoint_url or f"EC2 {self.region}"
 
+    def _boto_client(self, service: str) -> Any:
+        import boto3
+
+        return boto3.client(service, region_name=self.region, endpoint_url=self.endpoint_url,
+                            config=self._config)
+
     def _call(self, operation: str, **kwargs: Any) -> Any:
         """One EC2 call; a connection failure becomes ProviderUnreachableError."""
+        return self._call_on(self.client, operation, **kwargs)
+
+    def _call_on(self, client: Any, operation: str, **kwargs: Any) -> Any:
         from botocore.exceptions import ConnectionError as BotoConnectionError
         from botocore.exceptions import NoCredentialsError
 
         try:
-            return getattr(self.client, operation)(**kwargs)
+            return getattr(client, operation)(**kwargs)
         except BotoConnectionError as error:
             raise ProviderUnreachableError(self.name, self.endpoint, error, ENDPOINT_FIX) from None
         except NoCredentialsError as error:
@@ -163,17 +228,23 @@ class AwsProvider(ComputeProvider):
 
     @property
     def zones(self) -> tuple[str, ...]:
-        """The region's zones (asked of EC2 once). A property, as on every provider: the run's
+        """The zones a node can be launched in: the region's (asked of EC2 once), only those
+        with a subnet when subnets are given. A property, as on every provider: the run's
         session reads `provider.zones` to place a launch without a zone (it called this method's
         bound object a list of zones before, and the train job could not launch on aws)."""
+        if not self.subnet_ids:
+            return self._region_zones()
+        return tuple(z for z in self._region_zones() if z in self._subnets())
+
+    def _region_zones(self) -> tuple[str, ...]:
         if self._zones is None:
             answer = self._call("describe_availability_zones")
             self._zones = tuple(z["ZoneName"] for z in answer["AvailabilityZones"])
         return self._zones
 
     def _check(self, zone: str, instance_type: str) -> None:
-        if zone not in self.zones:
-            raise UnknownZoneError(self.name, zone, self.zones)
+        if zone not in self._region_zones():
+            raise UnknownZoneError(self.name, zone, self._region_zones())
         if instance_type not in prices.INSTANCE_TYPES:
             raise UnknownInstanceTypeError(self.name, instance_type, tuple(prices.INSTANCE_TYPES),
                                            "the price table (cloud/prices.py)")
@@ -191,15 +262,10 @@ class AwsProvider(ComputeProvider):
         check_market(market)
         check_count(count)
         self._check(zone, instance_type)
-        if not self.image_id:
-            raise ValueError("no AMI to launch: pass image_id (setting TRAINWISE_EC2_IMAGE_ID) "
-                             "with the trainer image for this region")
+        # Each of these raises before run_instances: nothing is billed for a bad setting.
+        image_id, subnet_id = self._image(), self._subnet_for(zone)
         price = self.price_usd_per_hour(instance_type, zone, market)
-        request: dict[str, Any] = {
-            "ImageId": self.image_id, "InstanceType": instance_type, "MinCount": count,
-            "MaxCount": count, "Placement": {"AvailabilityZone": zone},
-            "TagSpecifications": [{"ResourceType": "instance",
-                                   "Tags": [{"Key": TAG_KEY, "Value": "1"}]}]}
+        request = self._run_request(image_id, instance_type, zone, count, subnet_id)
         if market == SPOT:
             request["InstanceMarketOptions"] = {
                 "MarketType": "spot",
@@ -221,6 +287,90 @@ class AwsProvider(ComputeProvider):
                 instance.get("SpotInstanceRequestId"))
             handles.append(handle)
         return handles
+
+    def _run_request(self, image_id: str, instance_type: str, zone: str, count: int,
+                     subnet_id: str | None) -> dict[str, Any]:
+        """run_instances' arguments, less the market: the launch settings given, and the agent's
+        user-data for a run's provider (boto3 base64-encodes it)."""
+        tags = [{"Key": TAG_KEY, "Value": "1"}, *({"Key": k, "Value": v}
+                                                   for k, v in self.tags.items())]
+        request: dict[str, Any] = {
+            "ImageId": image_id, "InstanceType": instance_type, "MinCount": count,
+            "MaxCount": count, "Placement": {"AvailabilityZone": zone}}
+        if self.agent is not None:
+            tags.append({"Key": RUN_TAG_KEY, "Value": self.agent.run_id})
+            request["UserData"] = self.agent.user_data()
+        request["TagSpecifications"] = [{"ResourceType": "instance", "Tags": tags}]
+        if self.instance_profile:
+            request["IamInstanceProfile"] = instance_profile_field(self.instance_profile)
+        if subnet_id:
+            request["SubnetId"] = subnet_id
+        if self.security_group_ids:
+            request["SecurityGroupIds"] = list(self.security_group_ids)
+        return request
+
+    def _image(self) -> str:
+        """The AMI: image_id, else the value of the SSM parameter (read once)."""
+        if not self.image_id and self.image_parameter:
+            self.image_id = self._image_from_parameter(self.image_parameter)
+        if not self.image_id:
+            raise ValueError(f"no AMI to launch: set {IMAGE_SETTING} to the AMI (with trainwise "
+                             f"installed) of region {self.region}, or {IMAGE_PARAMETER_SETTING} "
+                             "to an SSM parameter that holds its id")
+        return self.image_id
+
+    def _image_from_parameter(self, name: str) -> str:
+        from botocore.exceptions import ClientError
+
+        if self._ssm_client is None:
+            self._ssm_client = self._boto_client("ssm")
+        try:
+            answer = self._call_on(self._ssm_client, "get_parameter", Name=name)
+        except ClientError as error:
+            info = error.response.get("Error", {})
+            raise ValueError(f"{IMAGE_PARAMETER_SETTING}={name!r} cannot be read from SSM in "
+                             f"{self.region} ({info.get('Code')}: {info.get('Message')}); name "
+                             "a parameter that exists there and that the caller may read") from None
+        value = str(answer["Parameter"]["Value"]).strip()
+        if not value.startswith("ami-"):
+            raise ValueError(f"{IMAGE_PARAMETER_SETTING}={name!r} holds {value[:40]!r}, not an "
+                             "AMI id (ami-...); name a parameter whose value is an AMI id")
+        return value
+
+    def _subnets(self) -> dict[str, str]:
+        """zone -> subnet of `subnet_ids`, asked of EC2 once; an unknown subnet or two in one
+        zone raise ValueError naming the setting."""
+        from botocore.exceptions import ClientError
+
+        if self._subnet_by_zone is None:
+            try:
+                answer = self._call("describe_subnets", SubnetIds=list(self.subnet_ids))
+            except ClientError as error:
+                info = error.response.get("Error", {})
+                raise ValueError(f"{SUBNETS_SETTING}: EC2 in {self.region} refuses "
+                                 f"{', '.join(self.subnet_ids)} ({info.get('Code')}: "
+                                 f"{info.get('Message')}); give subnets of this region") from None
+            by_zone: dict[str, str] = {}
+            for subnet in answer["Subnets"]:
+                zone = subnet["AvailabilityZone"]
+                if zone in by_zone:
+                    raise ValueError(f"{SUBNETS_SETTING} has two subnets in zone {zone} "
+                                     f"({by_zone[zone]}, {subnet['SubnetId']}); give one per "
+                                     "zone")
+                by_zone[zone] = subnet["SubnetId"]
+            self._subnet_by_zone = by_zone
+        return self._subnet_by_zone
+
+    def _subnet_for(self, zone: str) -> str | None:
+        """The subnet to launch in `zone` (None: no subnets given, EC2's default VPC)."""
+        if not self.subnet_ids:
+            return None
+        subnets = self._subnets()
+        if zone not in subnets:
+            raise ValueError(f"{SUBNETS_SETTING} has no subnet in zone {zone} (its subnets are "
+                             f"in {', '.join(sorted(subnets)) or 'no zone'}); add a subnet of "
+                             f"{zone}, or place the run in one of those zones")
+        return subnets[zone]
 
     def terminate(self, node: NodeHandle, reason: str = "released") -> None:
         record = self._node(node)
