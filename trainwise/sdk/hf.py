@@ -72,8 +72,10 @@ __all__ = ["HF_CAPABILITIES", "TrainerLoader", "TrainwiseCallback", "TrainwiseTr
 
 # The Trainer computes an epoch's length once, from len(loader), so a batch size changed mid-run
 # cannot reach it: the fast layer's batch lever is refused by name at init.
+# ranks=False: several processes are refused at train begin (`refusals`), so the SDK joins no
+# process group for them.
 HF_CAPABILITIES = Capabilities(framework="hf_trainer", batch_size=False, grad_accumulation=False,
-                               work_shares=False)
+                               work_shares=False, ranks=False)
 _STATE_NAME = "hf_trainer"
 # TrainerState fields a checkpoint keeps (plain data; the rest is derived from the arguments).
 _STATE_FIELDS = ("epoch", "global_step", "max_steps", "num_train_epochs", "num_input_tokens_seen",

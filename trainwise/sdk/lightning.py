@@ -54,8 +54,10 @@ __all__ = ["LIGHTNING_CAPABILITIES", "LightningLoader", "TrainwiseCallback"]
 
 # Lightning computes an epoch's length once, from len(loader), so a batch size changed mid-run
 # cannot reach it: the fast layer's batch lever is refused by name at init.
+# ranks=False: multi-rank fits are refused at fit start (`_refusals`), so the SDK joins no
+# process group for them.
 LIGHTNING_CAPABILITIES = Capabilities(framework="lightning", batch_size=False,
-                                      grad_accumulation=False, work_shares=False)
+                                      grad_accumulation=False, work_shares=False, ranks=False)
 _STATE_NAME = "lightning"
 
 

@@ -24,13 +24,19 @@ newest checkpoint that passes its check (local, else the store's). Integrations 
 
 What a framework cannot apply is refused at `init` with the reason (`Capabilities`): a fast lever
 that needs a loop the SDK does not drive is refused by name, never silently ignored.
+
+Several ranks (torchrun, `world_size > 1`): `init` joins the process group (`trainwise.sdk.ranks`),
+`step` agrees on a notice across the ranks so that all save the same step and leave together,
+and a resume takes the newest step every rank holds (`trainwise.sdk.resume`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
+import secrets
 import signal
 import threading
 import time
@@ -58,6 +64,8 @@ from training._checkpoint_trust import RunIdentity
 from training.consumption import ConsumptionWriter, consumption_path
 from training.safe_files import write_atomic
 from trainwise.sdk import device as sdk_device
+from trainwise.sdk import ranks as sdk_ranks
+from trainwise.sdk import resume as sdk_resume
 from trainwise.sdk import state as sdk_state
 from trainwise.sdk.data import DataChangedError, ResumableBatchSampler, TrackedLoader, ids_fingerprint
 from trainwise.sdk.spec import RunSpec, RunSpecError, resolve_spec
@@ -88,6 +96,9 @@ class Capabilities:
     batch_size: bool = True  # through run.dataloader's sampler
     grad_accumulation: bool = False
     work_shares: bool = False
+    # The SDK joins the ranks' process group and keeps them at one step (trainwise.sdk.ranks);
+    # False for a framework that refuses several ranks itself (HF Trainer, Lightning).
+    ranks: bool = True
 
     def refusals(self, levers: tuple[str, ...]) -> list[str]:
         why = []
@@ -121,6 +132,9 @@ class Run:
             self.placement = sdk_device.choose(spec.device, spec.precision, spec.cpu_threads)
         except sdk_device.DeviceError as error:
             raise RunSpecError(f"trainwise.init(): {error}") from error
+        self._ranks = (sdk_ranks.join(spec, self.placement.device) if self.capabilities.ranks
+                       else None)
+        self._start_id = self._draw_start_id()
         spec.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         ckpt.clean_orphaned_temp_files(spec.checkpoint_dir)
         self.store = self._open_store()
@@ -154,7 +168,11 @@ class Run:
         self._last_train_loss = math.nan
         self.fast_policy = (NoOpFastPolicy() if spec.fast_policy == "noop"
                             else HeuristicFastPolicy(levers=spec.fast_levers))
-        self._resume = self._find_resume()
+        try:
+            self._resume = self._find_resume()
+        except BaseException:
+            self._close_ranks()
+            raise
         if self._resume is not None:
             state = self._resume["state"]
             self.step_count = int(state["step"])
@@ -188,27 +206,65 @@ class Run:
     def _identity(self) -> RunIdentity:
         return RunIdentity(run_id=self.spec.run_id, seed=self.spec.seed)
 
+    def _draw_start_id(self) -> int:
+        """This start of the run, the same on every rank (rank 0's draw): its checkpoints carry
+        it, so a resume never takes one rank's step from another history than the others'."""
+        start_id = secrets.randbits(62) + 1
+        if self._ranks is not None:
+            [start_id] = self._ranks.from_rank0([start_id])
+        return start_id
+
     def _find_resume(self) -> dict[str, Any] | None:
+        if self._ranks is not None:
+            return self._agreed_resume()
+        found = self._own_resume()
+        problem = sdk_resume.resume_problem(found, self.spec.world_size)
+        if problem:
+            raise RunSpecError(problem)
+        return found
+
+    def _own_resume(self) -> dict[str, Any] | None:
         """The newest good checkpoint, local or in the store (downloaded beside the local ones)."""
         folder = self.spec.checkpoint_dir
         local = ckpt.latest_good_checkpoint(folder, identity=self._identity())
         if self.store is not None:
             from trainwise.object_store import latest_committed_checkpoint
 
-            prefix = f"{self.spec.checkpoint_key_prefix}/rank{self.rank}"
-            remote_steps = [int(k.rsplit("step-", 1)[1][:7]) for k in self.store.list_keys(prefix)
-                            if k.endswith(".pt.commit")]
+            prefix = sdk_resume.store_prefix(self.spec.checkpoint_key_prefix, self.rank)
+            remote_steps = sdk_resume.store_steps(self.store, prefix)
             if remote_steps and (local is None or max(remote_steps) > local.step):
                 fetched = latest_committed_checkpoint(self.store, prefix, folder)
                 if fetched is not None:
                     local = ckpt.latest_good_checkpoint(folder, identity=self._identity())
         if local is None:
             return None
-        state = ckpt.load_checkpoint(local.path, identity=self._identity())
-        if state.get("format") != "trainwise-sdk/1":
-            raise RunSpecError(f"checkpoint {local.path} was not written by trainwise.sdk; "
-                               "start a new run (another run_id) for an SDK job")
-        return {"path": local.path, "state": state}
+        return {"path": local.path,
+                "state": ckpt.load_checkpoint(local.path, identity=self._identity())}
+
+    def _agreed_resume(self) -> dict[str, Any] | None:
+        """The newest step every rank holds (a crash between two ranks' commits leaves the newest
+        step on some ranks only), refused on every rank when one rank's checkpoint says the run
+        had another rank count."""
+        assert self._ranks is not None
+        folder = self.spec.checkpoint_dir
+        prefix = sdk_resume.store_prefix(self.spec.checkpoint_key_prefix, self.rank)
+        steps = sdk_resume.held_steps(folder, self.store, prefix)
+
+        def load(step: int) -> dict[str, Any] | None:
+            return sdk_resume.load_step(step, folder, self.store, prefix, self._identity())
+
+        agreed = sdk_ranks.agree_on_step(self._ranks, steps, load,
+                                         tag=lambda found: int(found["state"].get("start_id", 0)))
+        found = agreed[1] if agreed is not None else None
+        # No common step: this rank's newest checkpoint still says whether the rank count changed
+        # (a run resumed with more ranks has ranks that hold nothing).
+        checked = found if agreed is not None or not steps else load(max(steps))
+        problem = sdk_resume.resume_problem(checked, self.spec.world_size)
+        if self._ranks.any_true(problem is not None):
+            raise RunSpecError(problem or f"trainwise.init(): rank {self.rank} cannot resume: "
+                               "another rank refused the run's checkpoints (its error says why)")
+        sdk_resume.drop_local_after(folder, agreed[0] if agreed is not None else -1)
+        return found
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         if self._notice_wall_s is None:
@@ -222,6 +278,26 @@ class Run:
     @property
     def resumed(self) -> bool:
         return self._resume is not None
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.world_size
+
+    @property
+    def distributed(self) -> bool:
+        """The run's ranks share a process group (several ranks under torchrun): wrap the model
+        with `run.ddp(model)`."""
+        return self._ranks is not None
+
+    def ddp(self, model: torch.nn.Module, **options: Any) -> torch.nn.Module:
+        """`model` in DistributedDataParallel when the run has several ranks, unchanged for one
+        process, so one script runs both ways; `options` go to DistributedDataParallel. Pass
+        the wrapped model to `run.track`: its checkpoints hold the inner module's state."""
+        if self._ranks is None:
+            return model
+        if self.device.type == "cuda":
+            options.setdefault("device_ids", [self.device.index])
+        return torch.nn.parallel.DistributedDataParallel(model, **options)
 
     # -- what the user's script calls ------------------------------------------------------------
     @property
@@ -279,6 +355,8 @@ class Run:
         columns = getattr(dataset, "column_names", None)
         if id_column and columns is not None and id_column in columns:
             ids = np.asarray(dataset[id_column])
+        self._check_rank_batches(n_examples if select is None else len(set(select)), batch_size,
+                                 drop_last)
         sampler = ResumableBatchSampler(n_examples, batch_size, seed=self.spec.seed,
                                         shuffle=shuffle, drop_last=drop_last, select=select,
                                         rank=self.rank, world_size=self.spec.world_size)
@@ -304,9 +382,26 @@ class Run:
             self._loader.load_state_dict(state["sampler"])
         return self._loader
 
+    def _check_rank_batches(self, n_selected: int, batch_size: int, drop_last: bool) -> None:
+        """Every rank gets a batch of each global batch: a rank without one in an epoch's last
+        global batch would take one step fewer than the others and block their next all-reduce."""
+        world = self.spec.world_size
+        left = n_selected % (batch_size * world)
+        if self._ranks is None or drop_last or left == 0 or left > (world - 1) * batch_size:
+            return
+        empty = world - 1 - (left - 1) // batch_size
+        raise RunSpecError(
+            f"run.dataloader(): {n_selected} examples in global batches of {batch_size} x "
+            f"{world} ranks leave the epoch's last global batch ({left} examples) without a "
+            f"batch for {empty} rank(s), which would stop taking steps with the others: pass "
+            "drop_last=True, or a batch size that leaves every rank some of the last batch")
+
     def track(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
               scheduler: Any = None, extra: dict[str, Any] | None = None) -> tuple[Any, Any]:
-        """Registers what a checkpoint holds; on a resume, loads it into them now."""
+        """Registers what a checkpoint holds; on a resume, loads it into them now. A model in
+        DistributedDataParallel (or DataParallel) is returned as it came, but its checkpoints
+        hold the inner module's state, so they load into a plain model too."""
+        given, model = model, _inner_module(model)
         self._model, self._optimizer, self._scheduler = model, optimizer, scheduler
         self._extra = dict(extra or {})
         sdk_state.check_saveable("model.state_dict()", model.state_dict())
@@ -334,7 +429,7 @@ class Run:
                 scheduler.load_state_dict(state["scheduler"])
             self._extra = dict(state.get("extra") or {})
         self._restore_rng()
-        return model, optimizer
+        return given, optimizer
 
     def _restore_rng(self) -> None:
         # After the user built the model (its initialisation draws from the same generators);
@@ -382,7 +477,7 @@ class Run:
             grad_accum_steps=1, step_time_ms=step_ms, samples_seen=self.samples_seen,
             tokens_seen=self.tokens_seen, elapsed_s=self.elapsed_s(), cost_usd=self.cost_usd(),
             world_size=self.spec.world_size, share=1.0 / self.spec.world_size))
-        if self._notice_pending():
+        if self._agreed_notice():
             self._leave_on_notice(step_ms)
             return
         if self.spec.max_steps is not None and self.step_count >= self.spec.max_steps:
@@ -441,6 +536,8 @@ class Run:
             "kept_state": {name: provide() for name, provide in self._kept_state.items()},
             "samples_seen": self.samples_seen, "tokens_seen": self.tokens_seen,
             "elapsed_s": self.elapsed_s(),
+            # a resume refuses another rank count; ranks resume only from one start's step
+            "world_size": self.spec.world_size, "start_id": self._start_id,
         }
         path = self.spec.checkpoint_dir / ckpt.checkpoint_name(self.step_count)
         self.consumption.flush(durable=True)
@@ -467,6 +564,25 @@ class Run:
                 self.notice("notice_file")
         return self._notice_wall_s is not None
 
+    def _agreed_notice(self) -> bool:
+        """Whether any rank has a notice pending; a rank without its own takes the earliest
+        rank's (its age rides on the same all-reduce, so every rank counts the same time left).
+
+        Asked at every step, not every k: a notice leaves `notice_s` (EC2: 120 s) and one step of
+        a large job can take many seconds, so waiting k steps spends k steps of the notice before
+        the save starts, and k cannot be sized before the step time is known. The cost is one
+        8-byte all-reduce a step, small beside the step's own gradient all-reduce."""
+        pending = self._notice_pending()
+        if self._ranks is None:
+            return pending
+        own_age_s = time.time() - self._notice_wall_s if self._notice_wall_s is not None else -1.0
+        age_s = self._ranks.max_float(own_age_s)
+        if age_s < 0:
+            return False
+        if not pending:
+            self._notice_wall_s, self._notice_signal = time.time() - age_s, "another rank's notice"
+        return True
+
     def _notice_left_s(self) -> float:
         assert self._notice_wall_s is not None
         return max(0.0, self.spec.notice_s - (time.time() - self._notice_wall_s))
@@ -484,7 +600,7 @@ class Run:
 
     def _fast_tick(self, step_ms: float, notice_s: float | None = None) -> FastAction:
         observation = self._observation(step_ms, notice_s)
-        action = self.fast_policy.act(observation)
+        action = self._agreed_action(self.fast_policy.act(observation))
         applied: dict[str, Any] = {"preemption_response": action.preemption_response.value}
         if (self._loader is not None and self.capabilities.batch_size
                 and action.micro_batch_size != self._loader.batch_size and notice_s is None):
@@ -503,6 +619,18 @@ class Run:
             schedule_version=self.spec.schedule_version))
         return action
 
+    def _agreed_action(self, action: FastAction) -> FastAction:
+        """Rank 0's batch size and notice response, on every rank: each rank's policy sees its
+        own step time and save cost, and ranks that applied different answers would train on
+        different global batches, or save at different steps."""
+        if self._ranks is None:
+            return action
+        responses = list(PreemptionResponse)
+        micro, response = self._ranks.from_rank0([int(action.micro_batch_size),
+                                                  responses.index(action.preemption_response)])
+        return dataclasses.replace(action, micro_batch_size=micro,
+                                   preemption_response=responses[response])
+
     def _leave_on_notice(self, step_ms: float) -> None:
         notice_s = self._notice_left_s()
         action = self._fast_tick(step_ms, notice_s=notice_s)
@@ -510,20 +638,26 @@ class Run:
         fits = not (math.isfinite(save_s) and save_s > notice_s)
         migrate = (action.preemption_response is PreemptionResponse.MIGRATE
                    or (action.preemption_response is not PreemptionResponse.CHECKPOINT_NOW
-                       and not fits))
-        if migrate and self._last_checkpoint_path is not None:
+                       and not fits)) and self._last_checkpoint_path is not None
+        if self._ranks is not None:
+            # Every rank saves or none does: a step that only some ranks saved is no resume point.
+            migrate = self._ranks.any_true(migrate)
+        if migrate:
             response = (f"migrate: a save ({save_s:.3f} s measured) does not fit the "
                         f"{notice_s:.3f} s left; the last good checkpoint is step "
                         f"{self._last_checkpoint_step}")
         else:
             response = f"checkpoint_and_exit: saving in the {notice_s:.3f} s left"
-            migrate = False
         self.writer.write(PreemptionEvent(
             run_id=self.run_id, rank=self.rank, step=self.step_count,
             signal_name=self._notice_signal or "", notice_s=notice_s,
             received_wall_time_s=self._notice_wall_s or math.nan, response=response))
         if not migrate and self._model is not None:
             self.checkpoint("preemption")
+        if self._ranks is not None:
+            # Leave together: torchrun stops every rank when the first one exits, and a rank
+            # still committing its checkpoint then would be killed mid-upload.
+            self._ranks.all_true(True)
         status = "migrated" if migrate else "preempted"
         self._end(status)
         self.should_stop = True
@@ -602,8 +736,27 @@ class Run:
         write_atomic(Path(self.spec.run_dir) / f"outcome-rank{self.rank}.json",
                      (json.dumps(outcome, indent=1) + "\n").encode())
         if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
+            # Ranks leaving on a notice ignore SIGTERM from here: torchrun SIGTERMs every rank as
+            # soon as the first one exits, and a rank still on its way out would die of it (-15)
+            # instead of exiting 143. Ignored, not handled: Python puts the default action back
+            # for its own handlers when it shuts down.
+            leaving = self._ranks is not None and status in ("preempted", "migrated")
+            signal.signal(signal.SIGTERM, signal.SIG_IGN if leaving else self._previous_handler)
             self._previous_handler = None
+        self._close_ranks()
+
+    def _close_ranks(self) -> None:
+        if self._ranks is not None:
+            self._ranks.close()
+
+
+def _inner_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside DistributedDataParallel / DataParallel (their state_dict's keys carry a
+    `module.` prefix that a plain model's would not)."""
+    wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+    while isinstance(model, wrappers):
+        model = model.module
+    return model
 
 
 def init(*, capabilities: Capabilities | None = None, on_notice: str = "exit",

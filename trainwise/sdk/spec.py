@@ -55,6 +55,9 @@ class RunSpec:
     price_usd_per_hour: float = 0.0
     rank: int = 0
     world_size: int = 1
+    # The process group's backend when world_size > 1 (trainwise.sdk.ranks): auto = nccl when
+    # the run's device is a GPU, gloo on the CPU. A group the job initialised itself is kept.
+    dist_backend: str = "auto"
     # The registered dataset's published shards (its data_shards partition); run.dataset().
     dataset_dir: str | None = None
     # Where it runs (trainwise.sdk.device): auto = CUDA when present; auto precision = bf16 or
@@ -98,7 +101,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "store_root": (str, type(None)), "store_prefix": (str,), "notice_file": (str, type(None)),
     "notice_s": (int, float), "preemption_risk": (int, float), "schedule_version": (str,),
     "instance_type": (str,), "price_usd_per_hour": (int, float), "rank": (int,),
-    "world_size": (int,), "dataset_dir": (str, type(None)),
+    "world_size": (int,), "dist_backend": (str,), "dataset_dir": (str, type(None)),
     "device": (str,), "precision": (str,), "cpu_threads": (int, type(None)),
     "step_limit": (int, type(None)),
 }
@@ -146,6 +149,8 @@ def _checked(values: dict[str, Any], where: str) -> RunSpec:
         problems.append(f"fast_policy {spec.fast_policy!r} is not one of heuristic, noop")
     if not 0 <= spec.rank < spec.world_size:
         problems.append(f"rank {spec.rank} is not in 0..world_size-1 ({spec.world_size})")
+    if spec.dist_backend not in ("auto", "gloo", "nccl"):
+        problems.append(f"dist_backend {spec.dist_backend!r} is not one of auto, gloo, nccl")
     if spec.notice_s <= 0 or spec.price_usd_per_hour < 0:
         problems.append("notice_s must be > 0 and price_usd_per_hour >= 0")
     if not 0.0 <= spec.preemption_risk <= 1.0:  # False for nan too
