@@ -146,11 +146,10 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 def _stored_step(spec: RunSpec) -> int | None:
     """The newest step committed in the store for this run (a run started again resumes)."""
     from trainwise.object_store import LocalObjectStore
+    from trainwise.sdk.resume import store_prefix, store_steps
 
-    prefix = f"{spec.checkpoint_key_prefix}/rank{spec.rank}"
-    steps = [int(k.rsplit("step-", 1)[1][:7])
-             for k in LocalObjectStore(Path(str(spec.store_root))).list_keys(prefix)
-             if k.endswith(".pt.commit")]
+    steps = store_steps(LocalObjectStore(Path(str(spec.store_root))),
+                        store_prefix(spec.checkpoint_key_prefix, spec.rank))
     return max(steps) if steps else None
 
 
