@@ -28,6 +28,7 @@ SUITES = {
     "end_to_end_hf": "benchmarks.end_to_end_hf",
     "hpo": "benchmarks.hpo",
     "sdk_overhead": "benchmarks.sdk_overhead",
+    "trainer_speed": "benchmarks.trainer_speed",
 }
 
 
