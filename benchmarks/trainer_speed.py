@@ -109,8 +109,8 @@ def trainer_arm(examples: Any, steps: int, threads: int, warmup: int, folder: Pa
 def bare_arm(examples: Any, steps: int, threads: int, warmup: int, seed: int) -> dict:
     """nanoGPT's loop over the trainer's model, optimizer groups and lr schedule."""
     from training import loop
-    from training._loop_step import batch_tensors, evaluate, fixed_eval_batches
     from training._loop_state import default_model_config
+    from training._loop_step import batch_tensors, evaluate, fixed_eval_batches
     from training.model import build_model
 
     previous = torch.get_num_threads()
