@@ -1,7 +1,8 @@
 """The live slow tick sees the provider's market (issue 10 item 2): the emulated provider's
 replayed real trace at the run's trace clock, the nodes it holds, the run's progress; with that
-view the allocation policy moves the run through `allocation.json`, and without one (aws, no
-trace) the nodes are kept with the reason recorded."""
+view the allocation policy moves the run through `allocation.json`, and without one (an EC2
+endpoint that cannot be read, no trace) the nodes are kept with the reason recorded. The aws
+provider's view from EC2 itself is tested against moto_server in tests/test_market_view_aws.py."""
 
 import json
 from pathlib import Path
@@ -153,14 +154,22 @@ def test_spot_down_in_the_held_zone_moves_the_run_through_allocation_json():
     assert record["allocation"] == {"market": wanted.market, "zone": wanted.zone, "nodes": 1}
 
 
-def test_aws_or_no_trace_keeps_the_nodes_with_the_reason(monkeypatch):
+def test_unreadable_aws_or_no_trace_keeps_the_nodes_with_the_reason(monkeypatch):
+    # aws with an EC2 endpoint that answers nothing: no market, the nodes are kept, and why.
+    from tests.servers import free_port
+
+    monkeypatch.setenv("TRAINWISE_EC2_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     run_dir = _state("r-aws")
     _gang_json(run_dir, provider="aws", provider_s=53 * TICK_S)
     view = _view(run_dir)
-    assert view.observation is None and "'aws' has no market view" in view.reason
+    assert view.observation is None
+    assert view.reason.startswith("EC2's spot prices in us-west-2 could not be read "
+                                  "(ProviderUnreachableError"), view.reason
     tick = slow_tick.decide(settings.home_dir(), PARTITION)
     assert tick.action.allocation is None
-    assert "no market view this tick: nodes kept; provider 'aws'" in tick.action.reason
+    assert "no market view this tick: nodes kept; EC2's spot prices" in tick.action.reason
     record = slow_tick.apply_run_decisions(settings.home_dir(), tick)
     assert "allocation" not in record and gang.read_allocation(run_dir) is None
 

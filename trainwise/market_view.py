@@ -4,8 +4,10 @@
 AllocationObservation` that the slow tick hands the allocation policy in `SlowObservation.market`,
 or says why there is none (then the tick keeps the nodes, as before). It reads:
 
-- the provider's market at the run's current trace clock. Only the `emulated` provider's market
-  is readable from the sensor's process: the same replayed real trace the run's provider session
+- the provider's market now. For `aws`, EC2's spot prices per zone of the run's region, with a
+  zone held back after the run was reclaimed or refused spot there (`trainwise.market_view_aws`).
+  For `emulated`, at the run's current trace clock: the same replayed real trace the run's
+  provider session
   replays (`trainwise.gang.provider_for_run`: every zone of the default trace folder from window
   tick 0, at its replay speed), its spot availability and spot/on-demand prices per zone of the
   run's region. The clock is the one `gang.json` last recorded (`history[-1]`: provider seconds
@@ -32,8 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from controllers.allocation_types import AllocationObservation
+from trainwise.market_types import Markets, held_zone_and_region
+from trainwise.market_view_aws import aws_markets
 
 EMULATED = "emulated"
+AWS = "aws"
 # Without a deadline in the request: this many times the on-demand time to finish.
 DEFAULT_DEADLINE_FACTOR = 1.5
 
@@ -77,46 +82,75 @@ def provider_clock_s(gang_record: dict[str, Any], emulated_per_wall_s: float,
 
 def market_view(events: list[dict[str, Any]], request: dict[str, Any],
                 gang_record: dict[str, Any] | None, *,
-                now_wall_s: float | None = None) -> MarketView:
+                now_wall_s: float | None = None, aws_provider: Any = None) -> MarketView:
     """See the module docstring. Never raises on a run's own files: a view that cannot be
-    built is None with the reason (the tick then keeps the nodes)."""
+    built is None with the reason (the tick then keeps the nodes). `aws_provider`: the EC2
+    provider to ask (tests pass one at moto_server; None builds the run's own)."""
     if not gang_record:
         return MarketView(None, "no gang.json: the provider holds no nodes on record for the run")
     provider = str(gang_record.get("provider") or "")
-    if provider != EMULATED:
+    now_wall = wall_now_s() if now_wall_s is None else now_wall_s
+    if provider == EMULATED:
+        markets = _emulated(request, gang_record, now_wall)
+    elif provider == AWS:
+        markets = aws_markets(request, gang_record, now_wall, provider=aws_provider)
+    else:
         return MarketView(None, f"provider {provider or '(none)'!r} has no market view here "
-                                f"(only {EMULATED!r} replays a trace the sensor can read)")
-    from cloud import emulated as replay
-    from cloud.collections import region_of_zone
+                                f"(only {EMULATED!r}, a replayed trace, and {AWS!r}, EC2's spot "
+                                "prices, are read)")
+    if isinstance(markets, str):
+        return MarketView(None, markets)
+    return _view(events, request, gang_record, markets)
 
-    held_zone = str(gang_record.get("zone") or (gang_record.get("allocation") or {}).get(
-        "zone") or "")
-    region = region_of_zone(held_zone) if held_zone else str(request.get("region") or "us-west-2")
+
+def _emulated(request: dict[str, Any], gang_record: dict[str, Any],
+              now_wall: float) -> Markets | str:
+    """The emulated provider's replayed trace at the run's clock, or why there is none."""
+    _, region = held_zone_and_region(request, gang_record)
     instance_type = str(gang_record.get("instance_type") or request.get("instance_type") or "")
     try:
         replay_args = gang_record.get("replay")
         markets, speed = (emulated_markets(instance_type, region, replay_args) if replay_args
                           else emulated_markets(instance_type, region))
     except (OSError, ValueError) as error:
-        return MarketView(None, f"the emulated trace could not be read ({error})")
+        return f"the emulated trace could not be read ({error})"
     markets = tuple(m for m in markets if m.region == region)
     if not markets:
-        return MarketView(None, f"the emulated trace has no zone in region {region!r}")
+        return f"the emulated trace has no zone in region {region!r}"
     if all(m.synthetic for m in markets):
-        return MarketView(None, "no trace: the emulated provider replays a labelled synthetic "
-                                "stand-in (shared spot data missing), not a market")
-    now_s = provider_clock_s(gang_record, speed,
-                             wall_now_s() if now_wall_s is None else now_wall_s)
+        return ("no trace: the emulated provider replays a labelled synthetic stand-in (shared "
+                "spot data missing), not a market")
+    now_s = provider_clock_s(gang_record, speed, now_wall)
     if now_s is None:
-        return MarketView(None, "gang.json records no provider clock (no history, no "
-                                "provider_now_s)")
+        return "gang.json records no provider clock (no history, no provider_now_s)"
     window_ticks = min(len(m.available) for m in markets)
-    if now_s // markets[0].tick_s >= window_ticks:
+    tick_s = float(markets[0].tick_s)
+    tick = int(now_s // tick_s)
+    if tick >= window_ticks:
         # A stale gang.json (the trainer stopped without a run_end) or a run longer than the
         # replayed window: the trace says nothing there (it would read as spot down everywhere).
-        return MarketView(None, f"the run's trace clock ({now_s:.0f} provider-s, tick "
-                                f"{int(now_s // markets[0].tick_s)}) is past the replayed window "
-                                f"({window_ticks} ticks): no market data")
+        return (f"the run's trace clock ({now_s:.0f} provider-s, tick {tick}) is past the "
+                f"replayed window ({window_ticks} ticks): no market data")
+    return Markets(
+        zones=tuple(m.zone for m in markets),
+        spot_available=tuple(m.available_at(tick) for m in markets),
+        spot_usd_per_hour=tuple(float(m.spot_usd_per_hour) for m in markets),
+        on_demand_usd_per_hour=tuple(float(m.on_demand_usd_per_hour) for m in markets),
+        now_s=now_s, origin_s=0.0, provider_per_wall_s=speed,
+        # The trace's tick, as the emulated benchmark; the sensor's own interval is longer.
+        tick_s=tick_s, trace_time_s=float(markets[0].window_start_tick * tick_s + now_s),
+        source=(f"emulated trace {Path(markets[0].source).parent.name} tick "
+                f"{markets[0].window_start_tick + tick} (provider clock {now_s:.0f} s)"))
+
+
+def _view(events: list[dict[str, Any]], request: dict[str, Any], gang_record: dict[str, Any],
+          markets: Markets) -> MarketView:
+    """The observation from a provider's markets and the run's own files."""
+    from cloud import emulated as replay
+
+    held_zone, _ = held_zone_and_region(request, gang_record)
+    speed = markets.provider_per_wall_s
+    now_s = markets.now_s - markets.origin_s  # job time
     steps = [e for e in events if e["type"] == "step"]
     if not steps or steps[-1]["step"] <= 0 or steps[-1]["elapsed_s"] <= 0:
         return MarketView(None, "no step trained yet: no work rate to plan with")
@@ -135,12 +169,12 @@ def market_view(events: list[dict[str, Any]], request: dict[str, Any],
     interval_s = ((ckpt_steps[-1] - ckpt_steps[0]) / (len(ckpt_steps) - 1) * step_s
                   if len(ckpt_steps) > 1 else rules.checkpoint_interval_s)
     history = gang_record.get("history") or []
-    launches = [float(h["provider_time_s"]) for h in history
+    launches = [float(h["provider_time_s"]) - markets.origin_s for h in history
                 if h.get("event") == "launch" and h.get("provider_time_s") is not None]
     launch_s = launches[-1] if launches and holding else None
     changeover_left = (max(0.0, launch_s + rules.changeover_s - now_s)
                        if launch_s is not None else 0.0)
-    reclaims = tuple(float(h["provider_time_s"]) for h in history
+    reclaims = tuple(float(h["provider_time_s"]) - markets.origin_s for h in history
                      if h.get("event") == "notice" and str(h.get("reason", "")).startswith(
                          "reclaim") and h.get("provider_time_s") is not None)
     on_demand_to_finish_s = rules.changeover_s + max_steps * step_s
@@ -151,14 +185,11 @@ def market_view(events: list[dict[str, Any]], request: dict[str, Any],
         deadline_s = DEFAULT_DEADLINE_FACTOR * on_demand_to_finish_s
         deadline_why = (f"deadline {deadline_s / 3600:.2f} h: default {DEFAULT_DEADLINE_FACTOR}x "
                         f"the on-demand time to finish (the request sets none)")
-    tick_s = float(markets[0].tick_s)
-    tick = int(now_s // tick_s)
     node_h = nodes / 3600.0
     observation = AllocationObservation(
         time_s=now_s,
-        # The trace's tick, as the emulated benchmark; the sensor's own interval is longer.
-        tick_s=tick_s,
-        trace_time_s=float(markets[0].window_start_tick * tick_s + now_s),
+        tick_s=markets.tick_s,
+        trace_time_s=markets.trace_time_s,
         work_done_h=step * step_s * node_h,
         work_checkpointed_h=checkpoint_step * step_s * node_h,
         work_total_h=max_steps * step_s * node_h,
@@ -169,27 +200,24 @@ def market_view(events: list[dict[str, Any]], request: dict[str, Any],
         checkpoint_interval_s=interval_s,
         notice_s=rules.notice_s,
         node_count=nodes,
-        zones=tuple(m.zone for m in markets),
-        home_zone=held_zone or markets[0].zone,
+        zones=markets.zones,
+        home_zone=held_zone or markets.zones[0],
         zone=held_zone if holding else None,
         spot_nodes=nodes if holding and market_kind == "spot" else 0,
         on_demand_nodes=nodes if holding and market_kind != "spot" else 0,
         in_changeover=changeover_left > 0,
         changeover_left_s=changeover_left,
         last_zone=held_zone or None,
-        spot_available_by_zone=tuple(m.available_at(tick) for m in markets),
-        spot_price_usd_per_hour_by_zone=tuple(float(m.spot_usd_per_hour) for m in markets),
-        on_demand_price_usd_per_hour_by_zone=tuple(float(m.on_demand_usd_per_hour)
-                                                   for m in markets),
+        spot_available_by_zone=markets.spot_available,
+        spot_price_usd_per_hour_by_zone=markets.spot_usd_per_hour,
+        on_demand_price_usd_per_hour_by_zone=markets.on_demand_usd_per_hour,
         since_checkpoint_s=max(0, step - checkpoint_step) * step_s,
         since_launch_s=max(0.0, now_s - launch_s) if launch_s is not None else 0.0,
         preemption_times_s=reclaims,
         launch_failed=bool(history) and history[-1].get("event") == "launch_failed",
     )
-    spots = ", ".join(f"{m.zone} {a}" for m, a in zip(
-        markets, observation.spot_available_by_zone, strict=True))
+    spots = ", ".join(f"{z} {a}" for z, a in zip(
+        markets.zones, markets.spot_available, strict=True))
     return MarketView(observation, (
-        f"emulated trace {Path(markets[0].source).parent.name} tick "
-        f"{markets[0].window_start_tick + tick} (provider clock {now_s:.0f} s), spot "
-        f"available: {spots}; step {step}/{max_steps} at {step_s:.1f} provider-s a step; "
-        f"{deadline_why}"))
+        f"{markets.source}, spot available: {spots}; step {step}/{max_steps} at "
+        f"{step_s:.1f} provider-s a step; {deadline_why}"))

@@ -12,7 +12,8 @@
 - terminate: `terminate_instances`; describe: `describe_instances` (pending -> pending, running ->
   running, shutting-down / terminated / stopped -> terminated when we asked, else reclaimed; a
   spot request `marked-for-termination` -> notice).
-- spot_price_history: `describe_spot_price_history`, every page.
+- spot_price_history: `describe_spot_price_history`, every page; spot_prices_now: the price in
+  effect now in every zone of the region, one paged call (the live slow tick's market view).
 - zones are checked with `describe_availability_zones`; instance types against the price table
   (billing needs a price: `cloud/prices.py`).
 
@@ -453,3 +454,35 @@ class AwsProvider(ComputeProvider):
             token = answer.get("NextToken")
             if not token:
                 return sorted(points, key=lambda p: p.at_s)
+
+    def spot_prices_now(self, instance_type: str) -> dict[str, float]:
+        """{zone: USD/hour} of `instance_type`'s Linux spot price in effect now, for every zone
+        of the region that lists one (a zone that does not offer the type is absent). One call
+        for the region, StartTime = EndTime = now: EC2 answers each zone's price in effect then
+        (its newest point may be days old when the price has not moved)."""
+        from datetime import UTC, datetime
+
+        if instance_type not in prices.INSTANCE_TYPES:
+            raise UnknownInstanceTypeError(self.name, instance_type, tuple(prices.INSTANCE_TYPES),
+                                           "the price table (cloud/prices.py)")
+        now = datetime.fromtimestamp(self.now_s(), UTC)
+        newest: dict[str, tuple[float, float]] = {}  # zone -> (timestamp, price)
+        token = None
+        while True:
+            kwargs: dict[str, Any] = {"InstanceTypes": [instance_type], "StartTime": now,
+                                      "EndTime": now}
+            if token:
+                kwargs["NextToken"] = token
+            answer = self._call("describe_spot_price_history", **kwargs)
+            for point in answer["SpotPriceHistory"]:
+                # Linux only: Windows and SUSE prices of the same type are other markets' prices.
+                if (point["InstanceType"] != instance_type
+                        or not str(point.get("ProductDescription", "")).startswith("Linux/UNIX")):
+                    continue
+                at = point["Timestamp"].timestamp()
+                zone = point["AvailabilityZone"]
+                if zone not in newest or at > newest[zone][0]:
+                    newest[zone] = (at, float(point["SpotPrice"]))
+            token = answer.get("NextToken")
+            if not token:
+                return {zone: price for zone, (_, price) in sorted(newest.items())}
