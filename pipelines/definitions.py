@@ -20,6 +20,7 @@ from pipelines.jobs import (
     forecast_job,
     hpo_job,
     live_change_rule_job,
+    orphan_nodes_job,
     policy_rollback_job,
     rollback_job,
     run_decision_job,
@@ -27,6 +28,7 @@ from pipelines.jobs import (
     schedule_propose_job,
     train_job,
 )
+from sensors.orphan_nodes import orphan_nodes_sensor
 from sensors.slow_policy import slow_policy_sensor
 
 # The team's registered jobs (TRAINWISE_PROJECT_FILE): none, no asset and no job.
@@ -41,8 +43,8 @@ defs = dg.Definitions(
                   forecast.p90_within_budget, *policies.POLICY_DEFS["asset_checks"]],
     jobs=[demo_job, train_job, forecast_job, curriculum_job, rollback_job, policy_rollback_job,
           live_change_rule_job, run_decision_job, schedule_propose_job, schedule_approve_job,
-          hpo_job, *policies.POLICY_DEFS["jobs"], *USER_JOBS["jobs"]],
+          hpo_job, orphan_nodes_job, *policies.POLICY_DEFS["jobs"], *USER_JOBS["jobs"]],
     schedules=policies.POLICY_DEFS["schedules"],
-    sensors=[slow_policy_sensor],
+    sensors=[slow_policy_sensor, orphan_nodes_sensor],
     resources=launchpad_resources(),
 )

@@ -113,6 +113,48 @@ def run_decision_job():
     hand_decision_to_run()
 
 
+class OrphanNodesConfig(dg.Config):
+    """Which tagged nodes to terminate; each is checked again here, so a run that came back to
+    life since the sensor looked keeps its nodes."""
+
+    instance_ids: list[str] = []
+    """Only these (the sensor's list); empty: every orphan found now."""
+    terminate_unknown: bool = False
+    """Also terminate tagged nodes no run of this deployment names (another deployment's, or
+    this one's after its state folder was lost)."""
+
+
+@dg.op
+def terminate_orphans_op(context: dg.OpExecutionContext, config: OrphanNodesConfig,
+                         state: StateResource) -> None:
+    """Terminate the aws nodes no live run of this deployment holds (trainwise.orphan_nodes),
+    and log each with whose it was and why."""
+    from trainwise import orphan_nodes, settings
+
+    wanted = set(config.instance_ids)
+    terminated_total = 0
+    for region, (provider, orphans) in orphan_nodes.find_orphans_on_aws(
+            state.path(), settings.get("TRAINWISE_REGION")).items():
+        chosen = [o for o in orphans if not wanted or o.instance_id in wanted]
+        done, left = orphan_nodes.terminate_orphans(
+            provider, chosen, terminate_unknown=config.terminate_unknown)
+        for line in orphan_nodes.describe(done):
+            context.log.info(f"terminated in {region}: {line}")
+        for line in orphan_nodes.describe(left):
+            context.log.warning(f"left running in {region} (unknown to this deployment; "
+                                f"terminate_unknown: true to terminate): {line}")
+        terminated_total += len(done)
+    context.log.info(f"{terminated_total} orphan node(s) terminated")
+
+
+@dg.job(name="terminate_orphan_nodes",
+        description="Terminate aws nodes (tag trainwise:node) that no live run of this "
+                    "deployment holds: left by a run that ended or a process that died. The "
+                    "orphan_nodes sensor asks for it.")
+def orphan_nodes_job():
+    terminate_orphans_op()
+
+
 # ---- schedule changes: propose (the gate blocks until approved), approve (the gate re-runs) ----
 
 schedule_propose_job = dg.define_asset_job(

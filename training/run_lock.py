@@ -105,6 +105,12 @@ def _read_holder(path: Path) -> dict[str, Any]:
     return holder if isinstance(holder, dict) else {}
 
 
+def lock_holder(out_dir: str | Path) -> dict[str, Any]:
+    """Who holds the run folder's lock now ({"pid", "host"}), read from the kernel's table
+    without taking or touching anything; {} when nobody on this host holds it (or unknown)."""
+    return _holder_from_kernel(Path(out_dir))
+
+
 def _holder_from_kernel(out_dir: Path) -> dict[str, Any]:
     """The pid holding the flock on `out_dir`, from Linux's /proc/locks (the record may have
     been deleted with the clean-up); {} where unknown. Lines read

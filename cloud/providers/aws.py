@@ -12,6 +12,9 @@
 - terminate: `terminate_instances`; describe: `describe_instances` (pending -> pending, running ->
   running, shutting-down / terminated / stopped -> terminated when we asked, else reclaimed; a
   spot request `marked-for-termination` -> notice).
+- tagged_instances / terminate_instances: every pending or running instance any trainwise
+  launched in the region (tag `trainwise:node`), and their termination, for the clean-up of
+  nodes no live run holds (`trainwise/orphan_nodes.py`).
 - spot_price_history: `describe_spot_price_history`, every page; spot_prices_now: the price in
   effect now in every zone of the region, one paged call (the live slow tick's market view).
 - zones are checked with `describe_availability_zones`; instance types against the price table
@@ -101,6 +104,18 @@ def node_state(ec2_state: str, terminated_by_us: bool, spot_status_code: str | N
     if state == NodeState.RUNNING and spot_status_code in SPOT_NOTICE_CODES:
         return NodeState.NOTICE
     return state
+
+
+@dataclass(frozen=True)
+class TaggedInstance:
+    """An instance trainwise launched (tag `trainwise:node`), as EC2 describes it."""
+
+    instance_id: str
+    zone: str
+    instance_type: str
+    state: str  # EC2's: pending or running
+    launched_at_s: float  # Unix seconds
+    run_id: str  # the `trainwise:run` tag; "" for a node the in-process engine launched
 
 
 @dataclass
@@ -486,3 +501,38 @@ class AwsProvider(ComputeProvider):
             token = answer.get("NextToken")
             if not token:
                 return {zone: price for zone, (_, price) in sorted(newest.items())}
+
+    def tagged_instances(self) -> list[TaggedInstance]:
+        """Every pending or running instance in the region tagged `trainwise:node`, whoever
+        launched it (this process, an earlier one that died, another code location)."""
+        found, token = [], None
+        while True:
+            kwargs: dict[str, Any] = {"Filters": [
+                {"Name": f"tag:{TAG_KEY}", "Values": ["1"]},
+                {"Name": "instance-state-name", "Values": ["pending", "running"]}]}
+            if token:
+                kwargs["NextToken"] = token
+            answer = self._call("describe_instances", **kwargs)
+            for reservation in answer["Reservations"]:
+                for instance in reservation["Instances"]:
+                    tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+                    found.append(TaggedInstance(
+                        instance["InstanceId"], instance["Placement"]["AvailabilityZone"],
+                        instance["InstanceType"], instance["State"]["Name"],
+                        instance["LaunchTime"].timestamp(), tags.get(RUN_TAG_KEY, "")))
+            token = answer.get("NextToken")
+            if not token:
+                return sorted(found, key=lambda i: (i.launched_at_s, i.instance_id))
+
+    def terminate_instances(self, instance_ids: list[str]) -> None:
+        """Terminate instances by id, launched by this provider object or not (the clean-up of
+        an earlier process's nodes); those this object launched are recorded as terminated."""
+        if not instance_ids:
+            return
+        self._call("terminate_instances", InstanceIds=list(instance_ids))
+        now = self.now_s()
+        for instance_id in instance_ids:
+            record = self._nodes.get(instance_id)
+            if record is not None and record.ended_at_s is None:
+                record.terminated_at_s, record.terminate_reason = now, "orphan clean-up"
+                record.state, record.ended_at_s = NodeState.TERMINATED, now
