@@ -9,8 +9,9 @@ the run's region, and the reclaims and spot refusals the run itself met.
 - spot capacity: EC2 publishes none (a placement score is not a count). A zone counts as able to
   hold the gang's nodes when it lists a spot price for the type and the run was neither reclaimed
   there nor refused spot there (a launch that fell back to on-demand) in the last
-  `RECLAIM_MEMORY_S`; else 0. The zone where the run holds spot nodes now holds them. The reason names each zone held back and why, so the allocation
-  policy's choice is explained by what the run saw;
+  `RECLAIM_MEMORY_S`; else 0. The zone where the run holds spot nodes now holds them. The
+  reason names each zone held back and why, so the allocation policy's choice is explained by
+  what the run saw;
 - the clock: Unix seconds (the provider's); job time counts from gang.json's first record. The
   slow tick's own interval is the tick.
 
