@@ -458,8 +458,8 @@ def _poll(predicate, what: str, timeout_s: float):
 
 @pytest.mark.timeout(1200)
 def test_an_approved_change_switches_the_running_job_at_the_sensors_next_tick(browser_ui):
-    """The daemon's sensor (started here, ticking every 10 s) hands an approved schedule to a
-    train run that is still training: its fast decisions switch from the heuristic on the old
+    """The daemon's sensor (started after the approval, ticking every 10 s) hands an approved
+    schedule to a train run that is still training: its fast decisions switch from the heuristic on the old
     version to noop on the new one, through a recorded apply_run_decision run."""
     page, url, state, _ = browser_ui
     from trainwise import schedule as schedule_lib
@@ -474,9 +474,6 @@ def test_an_approved_change_switches_the_running_job_at_the_sensors_next_tick(br
     try:
         _poll(lambda: [d for d in _fast_decisions(state, run_id)
                        if d["schedule_version"] == before], "the run's first fast decisions", 300)
-        started = bs.graphql(url, START_SENSOR, {"s": SENSOR})["startSensor"]
-        assert started["__typename"] == "Sensor", started
-        sensor_id = started["id"]
         propose = (IN_PROCESS + "ops:\n  schedule_change:\n    config:\n      fast_policy: noop\n"
                    "      reason: the heuristic's batch changes are not paying\n")
         _run(page, url, state, "schedule_propose", propose, "FAILURE", shot="09-live-propose")
@@ -487,6 +484,12 @@ def test_an_approved_change_switches_the_running_job_at_the_sensors_next_tick(br
         _run(page, url, state, "schedule_approve", approve, "SUCCESS", shot="09-live-approve")
         after = schedule_lib.version_of(approvals.current_schedule(folder))
         assert after != before
+        # The sensor starts now, as a daemon restarted after an approval: its first tick hands
+        # the change over (one apply_run_decision run, not one per tick before the approval
+        # competing with the propose and approve runs for the two cores).
+        started = bs.graphql(url, START_SENSOR, {"s": SENSOR})["startSensor"]
+        assert started["__typename"] == "Sensor", started
+        sensor_id = started["id"]
         switched = _poll(lambda: [d for d in _fast_decisions(state, run_id)
                                   if d["schedule_version"] == after], "the live switch", 420)
         assert {d["policy"] for d in switched} == {"noop"}
