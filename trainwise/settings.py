@@ -116,6 +116,9 @@ SETTINGS: tuple[Setting, ...] = (
             "to the metadata service"),
     Setting("TRAINWISE_AGENT_NOTICE_MARGIN_S", "10", "the node agent SIGTERMs a job still "
             "running this many seconds before the notice's end, and kills it this long after"),
+    Setting("TRAINWISE_AGENT_NODE_ADDR", "", "the address the other hosts of a multi-host gang "
+            "reach this node at (on EC2 its private IPv4); the node whose address is the "
+            "rendezvous endpoint's host hosts it; empty = torchrun's guess from the hostname"),
     Setting("TRAINWISE_AGENT_TELEMETRY_EVERY_S", "30", "seconds between two copies of the "
             "job's telemetry into the object store by the node agent (and once at the end)"),
 )

@@ -83,6 +83,13 @@ def notice_margin_s() -> float:
     return settings.get_float("TRAINWISE_AGENT_NOTICE_MARGIN_S", 0.0, 600.0)
 
 
+def node_addr() -> str | None:
+    """TRAINWISE_AGENT_NODE_ADDR: the address this node is reached at by the other hosts of a
+    gang (on EC2 its private IPv4); empty: torchrun's guess from the hostname."""
+    value = settings.get("TRAINWISE_AGENT_NODE_ADDR").strip()
+    return value or None
+
+
 def telemetry_every_s() -> float:
     return settings.get_float("TRAINWISE_AGENT_TELEMETRY_EVERY_S", 0.1, 86_400.0)
 
@@ -112,6 +119,7 @@ class NodeAgent:
         self.store_root, self.run_id, self.run_dir = Path(store_root).resolve(), run_id, \
             Path(run_dir).resolve()
         self.job_name = job_name
+        self.node_addr = node_addr()
         self.choice = choice
         self.poll_every_s = poll_s() if poll_every_s is None else poll_every_s
         self.margin_s = notice_margin_s() if margin_s is None else margin_s
@@ -198,7 +206,8 @@ class NodeAgent:
         steps = committed_steps(self.store, checkpoint_prefix)
         self.status["resumed_from_step"] = max(steps) if steps else None
         LOG.info("run %s start %s: job %s (%s), watching %s, resuming from step %s",
-                 self.run_id, self.start_id, task.job_name, " ".join(task.command()[1:]),
+                 self.run_id, self.start_id, task.job_name,
+                 " ".join(task.command(self.node_addr)[1:]),
                  choice.describe, self.status["resumed_from_step"])
         previous = {sig: signal.signal(sig, self._on_signal)
                     for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -213,14 +222,17 @@ class NodeAgent:
 
     def _supervise(self, task: AgentTask, spec_path: Path, telemetry_dir: Path,
                    choice: WatchChoice, notice_s: float) -> int:
-        self.status["job"] = {"name": task.job_name, "command": task.command(),
-                              "cwd": str(task.project_dir)}
+        command = task.command(self.node_addr)
+        self.status["job"] = {"name": task.job_name, "command": command,
+                              "cwd": str(task.project_dir),
+                              "gang": task.to_json().get("gang")}
         self.status["state"] = "running"
         self._write_status()
         self.sync = TelemetrySync(self.store, telemetry_dir, f"{self.start_prefix}/telemetry")
         log_path = self.agent_dir / "job.log"
         with os.fdopen(replace_with_new(log_path), "w") as log:
-            child = subprocess.Popen(task.command(), cwd=task.project_dir,
+            started_wall = time.time()
+            child = subprocess.Popen(command, cwd=task.project_dir,
                                      env=job_env(task.project_dir, spec_path), stdout=log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         found: queue.Queue[Notice] = queue.Queue()
@@ -258,7 +270,27 @@ class NodeAgent:
         if self._active is not None:
             self.status["notice_to_exit_s"] = round(exit_wall - self._active.received_wall_s, 3)
         code = child.returncode
-        return 128 - code if code < 0 else code
+        code = 128 - code if code < 0 else code
+        return self._gang_code(code, started_wall) if task.gang is not None else code
+
+    def _gang_code(self, torchrun_code: int, started_wall: float) -> int:
+        """torchrun exits 1 whenever a rank exits non-zero, so a gang's answer to a notice (every
+        rank leaves with 143 at one step) reads as a failure. The ranks' own outcome records of
+        this start (`outcome-rank<R>.json` in this node's folder) say what happened: all
+        preempted -> 143, all completed -> 0; otherwise torchrun's code stands."""
+        statuses = []
+        for path in sorted(self.run_dir.glob("outcome-rank*.json")):
+            try:
+                if path.is_symlink() or path.stat().st_mtime < started_wall:
+                    continue  # a link, or an earlier start's record
+                statuses.append(json.loads(path.read_text(encoding="utf-8")).get("status"))
+            except (OSError, ValueError, AttributeError):
+                statuses.append(None)
+        if statuses and all(s == "preempted" for s in statuses):
+            return PREEMPTED_EXIT_CODE
+        if statuses and all(s == "completed" for s in statuses) and torchrun_code == 0:
+            return 0
+        return torchrun_code
 
     def _watch(self, choice: WatchChoice, found: queue.Queue, stop: threading.Event) -> None:
         """The watcher's loop, on its own thread: a slow or hung endpoint (each request times

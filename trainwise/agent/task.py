@@ -10,11 +10,17 @@ before anything runs:
              "project_dir": "/srv/project",       # an absolute folder on the node
              "entry": "train.py",                 # a script in project_dir, or pkg.module:function
              "args": ["--max-steps", "40"]},      # strings, passed as argv (no shell)
-     "spec": {"max_steps": 40, "seed": 0}}        # run-spec fields (trainwise.sdk.spec.RunSpec)
+     "spec": {"max_steps": 40, "seed": 0},        # run-spec fields (trainwise.sdk.spec.RunSpec)
+     "gang": {"nodes": 3, "procs_per_node": 1,    # optional: a multi-host gang under torchrun
+              "rdzv_endpoint": "10.0.1.5:29400", "rdzv_id": "blobs-7-launch-2"}}
 
 The document is data: the only thing the agent ever runs from it is the declared entry, as
 `python <project_dir>/<script> ARGS...` or `python -m trainwise.sdk.entry ENTRY ARGS...`, with
-no shell and no environment taken from it. The spec's `run_dir`, `store_root` and `notice_file`
+no shell and no environment taken from it. With a `gang`, the same entry runs under torchrun
+(`python -m torch.distributed.run`) with c10d rendezvous at the endpoint the provider gives
+(one node hosts it: the one whose address is the endpoint's host), `nodes` hosts of
+`procs_per_node` ranks each; torchrun gives each rank its RANK and WORLD_SIZE, and the SDK
+joins the process group from them. The spec's `run_dir`, `store_root` and `notice_file`
 are the agent's to set (the node's own folder, the store it was given, its notice file).
 """
 
@@ -33,7 +39,13 @@ TASK_FORMAT = "trainwise-agent-task/1"
 TASK_LIMIT_BYTES = 1 << 20
 MAX_ARGS = 256
 MAX_ARG_CHARS = 4096
-_TOP_KEYS = {"format": str, "run_id": str, "job": dict, "spec": dict}
+_TOP_KEYS = {"format": str, "run_id": str, "job": dict, "spec": dict, "gang": dict}
+_GANG_KEYS = {"nodes": int, "procs_per_node": int, "rdzv_endpoint": str, "rdzv_id": str}
+MAX_GANG_NODES, MAX_PROCS_PER_NODE = 1024, 64
+# host:port, the host a DNS name or an IPv4 address (no shell metacharacters reach torchrun's
+# argv anyway: it is a list, but a value that is not an endpoint is refused by name here).
+_ENDPOINT = re.compile(r"(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?)"
+                       r":(?P<port>[0-9]{1,5})")
 _JOB_KEYS = {"name": str, "project_dir": str, "entry": str, "args": list}
 _JOB_REQUIRED = ("name", "project_dir", "entry")
 AGENT_SETS = ("run_dir", "store_root", "notice_file")  # spec fields a task may not give
@@ -47,6 +59,34 @@ class AgentTaskError(ValueError):
 
 
 @dataclass(frozen=True)
+class GangSpec:
+    """A multi-host gang: `nodes` hosts, each running `procs_per_node` ranks under torchrun,
+    meeting at `rdzv_endpoint` (c10d) under `rdzv_id` (new for each launch of the gang)."""
+
+    nodes: int
+    procs_per_node: int
+    rdzv_endpoint: str
+    rdzv_id: str
+
+    @property
+    def host(self) -> str:
+        return self.rdzv_endpoint.rsplit(":", 1)[0]
+
+    def torchrun(self, node_addr: str | None) -> list[str]:
+        """torchrun's arguments for this node. The node whose address is the endpoint's host
+        hosts the rendezvous store (`is_host`): torchrun guesses it from the hostname, which
+        is wrong where a host's name does not resolve to the address peers reach."""
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(self.nodes),
+                "--nproc-per-node", str(self.procs_per_node), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", self.rdzv_endpoint, "--rdzv-id", self.rdzv_id,
+                "--max-restarts", "0"]
+        if node_addr:
+            argv += ["--rdzv-conf", f"is_host={str(node_addr == self.host).lower()}",
+                     "--local-addr", node_addr]
+        return argv
+
+
+@dataclass(frozen=True)
 class AgentTask:
     run_id: str
     job_name: str
@@ -54,6 +94,7 @@ class AgentTask:
     entry: str
     args: tuple[str, ...]
     spec: dict[str, Any]  # run-spec fields, checked against RunSpec
+    gang: GangSpec | None = None
 
     @property
     def entry_kind(self) -> str:
@@ -63,11 +104,17 @@ class AgentTask:
     def script(self) -> Path | None:
         return self.project_dir / self.entry if self.entry_kind == "script" else None
 
-    def command(self) -> list[str]:
-        """The one command the task may start (argv, no shell)."""
+    def command(self, node_addr: str | None = None) -> list[str]:
+        """The one command the task may start (argv, no shell); under torchrun for a gang, with
+        `node_addr` the address this node is reached at (the agent's setting)."""
+        if self.gang is None:
+            if self.script is not None:
+                return [sys.executable, str(self.script), *self.args]
+            return [sys.executable, "-m", "trainwise.sdk.entry", self.entry, *self.args]
+        runner = self.gang.torchrun(node_addr)
         if self.script is not None:
-            return [sys.executable, str(self.script), *self.args]
-        return [sys.executable, "-m", "trainwise.sdk.entry", self.entry, *self.args]
+            return [*runner, str(self.script), *self.args]
+        return [*runner, "-m", "trainwise.sdk.entry", self.entry, *self.args]
 
     def run_spec(self, run_dir: Path, store_root: Path, notice_file: Path,
                  **agent_fields: Any) -> RunSpec:
@@ -84,7 +131,36 @@ class AgentTask:
         return {"format": TASK_FORMAT, "run_id": self.run_id,
                 "job": {"name": self.job_name, "project_dir": str(self.project_dir),
                         "entry": self.entry, "args": list(self.args)},
-                "spec": dict(self.spec)}
+                "spec": dict(self.spec),
+                **({"gang": {"nodes": self.gang.nodes, "procs_per_node": self.gang.procs_per_node,
+                             "rdzv_endpoint": self.gang.rdzv_endpoint,
+                             "rdzv_id": self.gang.rdzv_id}} if self.gang else {})}
+
+
+def _parse_gang(gang: dict[str, Any], where: str) -> GangSpec:
+    for key, value in gang.items():
+        if key not in _GANG_KEYS:
+            raise AgentTaskError(f"{where}: unknown key 'gang.{key}'; known: "
+                                 f"{', '.join(sorted(_GANG_KEYS))}. Fix: {FIX}")
+        if isinstance(value, bool) or not isinstance(value, _GANG_KEYS[key]):
+            raise AgentTaskError(f"{where}: key 'gang.{key}' is {type(value).__name__} "
+                                 f"{value!r:.80}. Fix: {FIX}")
+    for key in ("nodes", "rdzv_endpoint", "rdzv_id"):
+        if key not in gang:
+            raise AgentTaskError(f"{where}: key 'gang.{key}' is missing. Fix: {FIX}")
+    nodes, procs = gang["nodes"], gang.get("procs_per_node", 1)
+    if not 1 <= nodes <= MAX_GANG_NODES or not 1 <= procs <= MAX_PROCS_PER_NODE:
+        raise AgentTaskError(f"{where}: 'gang.nodes' {nodes} must be 1-{MAX_GANG_NODES} and "
+                             f"'gang.procs_per_node' {procs} 1-{MAX_PROCS_PER_NODE}. Fix: {FIX}")
+    endpoint = _ENDPOINT.fullmatch(gang["rdzv_endpoint"])
+    if endpoint is None or not 1 <= int(endpoint["port"]) <= 65535:
+        raise AgentTaskError(f"{where}: 'gang.rdzv_endpoint' {gang['rdzv_endpoint']!r:.80} is "
+                             "not host:port (a DNS name or IPv4 address, a port 1-65535). Fix: "
+                             "give the address the provider gave the gang's first node")
+    if not _JOB_NAME.fullmatch(gang["rdzv_id"]):
+        raise AgentTaskError(f"{where}: 'gang.rdzv_id' {gang['rdzv_id']!r:.80} must match "
+                             f"{_JOB_NAME.pattern}. Fix: {FIX}")
+    return GangSpec(nodes, procs, gang["rdzv_endpoint"], gang["rdzv_id"])
 
 
 def task_key(run_id: str) -> str:
@@ -154,12 +230,13 @@ def parse_task(data: Any, where: str = "agent task", *, on_node: bool = True) ->
         raise AgentTaskError(f"{where}: key 'spec.run_id' {spec['run_id']!r} differs from "
                              f"run_id {data['run_id']!r}. Fix: remove spec.run_id")
     if spec.get("world_size", 1) != 1 or spec.get("rank", 0) != 0:
-        raise AgentTaskError(f"{where}: keys 'spec.world_size'/'spec.rank' ask for a multi-host "
-                             "gang, which this agent does not run yet (one host, world_size 1). "
-                             "Fix: remove them")
+        raise AgentTaskError(f"{where}: keys 'spec.world_size'/'spec.rank' are torchrun's to "
+                             "give each rank. Fix: remove them; a multi-host gang is the task's "
+                             "'gang' key")
+    gang = _parse_gang(data["gang"], where) if "gang" in data else None
     task = AgentTask(run_id=data["run_id"], job_name=job["name"], project_dir=project_dir,
                      entry=entry, args=tuple(args),
-                     spec={k: v for k, v in spec.items() if k != "run_id"})
+                     spec={k: v for k, v in spec.items() if k != "run_id"}, gang=gang)
     task.run_spec(Path("/nonexistent/run"), Path("/nonexistent/store"),
                   Path("/nonexistent/notice"))  # every field and type, checked now
     return task

@@ -198,6 +198,12 @@ def resolve_spec(**overrides: Any) -> RunSpec:
     `checkpoint_every_steps=None` explicitly through `init`)."""
     where = "trainwise.init()"
     path = os.environ.get(SPEC_ENV)
+    if "RANK" in os.environ and "rank" not in overrides:
+        # torchrun's: the rank is the launcher of the ranks' to give. A node agent's spec is one
+        # per node, shared by the ranks torchrun starts there (and a gang's hosts get their
+        # ranks at the rendezvous), so the spec never names one.
+        overrides["rank"] = int(os.environ["RANK"])
+        overrides["world_size"] = int(os.environ.get("WORLD_SIZE", "1"))
     if path:
         base = read_spec(path)
         if "run_id" in overrides and overrides["run_id"] != base.run_id:
@@ -205,9 +211,6 @@ def resolve_spec(**overrides: Any) -> RunSpec:
                                f"{path} runs {base.run_id!r}; drop the argument under a launcher")
         values = {**asdict(base), **overrides}
         return _checked(values, f"{where} over {path}")
-    if "RANK" in os.environ and "rank" not in overrides:  # torchrun without a launcher's spec
-        overrides["rank"] = int(os.environ["RANK"])
-        overrides["world_size"] = int(os.environ.get("WORLD_SIZE", "1"))
     run_id = overrides.pop("run_id", None) or _local_run_id()
     run_dir = overrides.pop("run_dir", None)
     if run_dir is None:
