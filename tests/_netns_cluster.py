@@ -35,12 +35,13 @@ def unavailable() -> str | None:
         return "iproute2's `ip` is not installed"
     if os.geteuid() != 0:
         return "network namespaces need root (CAP_NET_ADMIN and CAP_SYS_ADMIN)"
-    name = f"twprobe{os.getpid() % 100000}"
+    probe = Cluster()
     try:
-        _ip("netns", "add", name)
-    except RuntimeError as error:
-        return f"network namespaces cannot be made here ({error})"
-    _ip("netns", "del", name)
+        probe.add_host()  # a namespace, a bridge, a veth pair, addresses: all a cluster needs
+    except (RuntimeError, OSError, subprocess.SubprocessError) as error:
+        return f"a network-namespace host cannot be made here ({error})"
+    finally:
+        probe.close()
     return None
 
 
