@@ -29,6 +29,13 @@ def _ip(*args: str) -> None:
         raise RuntimeError(f"ip {' '.join(args)} failed: {done.stderr.strip()}")
 
 
+def pids(host: Host) -> list[int]:
+    """The processes living in the host's network namespace (`ip netns pids`)."""
+    done = subprocess.run(["ip", "netns", "pids", host.name], capture_output=True, text=True,
+                          timeout=30)
+    return [int(p) for p in done.stdout.split() if p.isdigit()]
+
+
 def unavailable() -> str | None:
     """Why a cluster cannot be built here, or None when it can."""
     if shutil.which("ip") is None:

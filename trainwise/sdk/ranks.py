@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -120,7 +121,8 @@ def join(spec: RunSpec, device: torch.device) -> Ranks | None:
     if backend == "nccl":
         torch.cuda.set_device(device)  # nccl binds the group to the current device
     dist.init_process_group(backend, init_method="env://", rank=spec.rank,
-                            world_size=spec.world_size)
+                            world_size=spec.world_size,
+                            timeout=timedelta(seconds=spec.collective_timeout_s))
     return Ranks(spec.rank, spec.world_size, backend, _tensor_device(backend, device), True)
 
 

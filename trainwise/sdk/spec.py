@@ -58,6 +58,11 @@ class RunSpec:
     # The process group's backend when world_size > 1 (trainwise.sdk.ranks): auto = nccl when
     # the run's device is a GPU, gloo on the CPU. A group the job initialised itself is kept.
     dist_backend: str = "auto"
+    # How long a collective (the step's all-reduces, DDP's gradients) waits for the other ranks
+    # before this rank gives up with an error: a host lost without notice or cut off from the
+    # gang ends the survivors in this time instead of torch's 30 minutes, and the launcher
+    # relaunches the gang from the last committed step.
+    collective_timeout_s: float = 300.0
     # The registered dataset's published shards (its data_shards partition); run.dataset().
     dataset_dir: str | None = None
     # Where it runs (trainwise.sdk.device): auto = CUDA when present; auto precision = bf16 or
@@ -101,7 +106,8 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "store_root": (str, type(None)), "store_prefix": (str,), "notice_file": (str, type(None)),
     "notice_s": (int, float), "preemption_risk": (int, float), "schedule_version": (str,),
     "instance_type": (str,), "price_usd_per_hour": (int, float), "rank": (int,),
-    "world_size": (int,), "dist_backend": (str,), "dataset_dir": (str, type(None)),
+    "world_size": (int,), "dist_backend": (str,), "collective_timeout_s": (int, float),
+    "dataset_dir": (str, type(None)),
     "device": (str,), "precision": (str,), "cpu_threads": (int, type(None)),
     "step_limit": (int, type(None)),
 }
@@ -124,7 +130,7 @@ def _checked(values: dict[str, Any], where: str) -> RunSpec:
         raise RunSpecError(f"{where}: {missing} missing; a spec names the run and its folder")
     values = dict(values)
     values["fast_levers"] = tuple(values.get("fast_levers", RunSpec.fast_levers))
-    for name in ("notice_s", "price_usd_per_hour", "preemption_risk"):
+    for name in ("notice_s", "price_usd_per_hour", "preemption_risk", "collective_timeout_s"):
         if name in values:
             values[name] = float(values[name])
     limit = values.get("step_limit")
@@ -151,6 +157,8 @@ def _checked(values: dict[str, Any], where: str) -> RunSpec:
         problems.append(f"rank {spec.rank} is not in 0..world_size-1 ({spec.world_size})")
     if spec.dist_backend not in ("auto", "gloo", "nccl"):
         problems.append(f"dist_backend {spec.dist_backend!r} is not one of auto, gloo, nccl")
+    if not spec.collective_timeout_s > 0:  # False for nan too
+        problems.append(f"collective_timeout_s {spec.collective_timeout_s!r} must be > 0")
     if spec.notice_s <= 0 or spec.price_usd_per_hour < 0:
         problems.append("notice_s must be > 0 and price_usd_per_hour >= 0")
     if not 0.0 <= spec.preemption_risk <= 1.0:  # False for nan too
