@@ -29,6 +29,7 @@ SUITES = {
     "hpo": "benchmarks.hpo",
     "sdk_overhead": "benchmarks.sdk_overhead",
     "trainer_speed": "benchmarks.trainer_speed",
+    "cluster": "benchmarks.cluster",
 }
 
 

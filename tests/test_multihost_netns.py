@@ -1,5 +1,5 @@
 """A multi-host gang for real on this machine (issue 27 item 3, short form): three hosts in
-network namespaces (tests/_netns_cluster.py), a node agent on each running the same task, whose
+network namespaces (benchmarks/netns_cluster.py), a node agent on each running the same task, whose
 `gang` puts the job (examples/ddp_loop, one rank a host, gloo) under torchrun with c10d
 rendezvous at the first host's address.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests import _netns_cluster as netns
+from benchmarks import netns_cluster as netns
 from trainwise.agent.task import TASK_FORMAT, put_task
 from trainwise.object_store import LocalObjectStore
 
@@ -237,3 +237,19 @@ def test_a_host_lost_without_notice_or_cut_off_costs_at_most_one_interval(
     assert resumed == {common}, (resumed, common)
     assert reached - common <= EVERY, (reached, common)  # at most one interval lost
     _assert_like_reference(store, reference)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_cluster_benchmark_quick_run_loses_nothing(tmp_path):
+    """benchmarks/cluster --quick: 2 notices, a lost host and a partition, then the run's end."""
+    if netns.unavailable():
+        pytest.skip(f"no network-namespace cluster here: {netns.unavailable()}")
+    from benchmarks import cluster as bench
+
+    assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "cluster.json").read_text())
+    assert result["notices"] == 2 and result["lost_checkpoints"] == 0
+    assert result["failed_resumes"] == 0 and result["final_exit_codes"] == [0, 0, 0]
+    for failure in result["failures"]:
+        assert 0 < failure["steps_lost"] <= failure["bound_steps"], failure
