@@ -6,8 +6,10 @@ root), a node agent on each (`python -m trainwise.agent`, the product's agent), 
 store is a folder every host sees (standing for S3 or a shared file system).
 
 1. `--notices N` cycles: launch the gang (a new rendezvous id each time, the hosts of the last
-   launch), let it train at least two steps past where it resumed, then SIGTERM one host's agent
-   (a seeded choice): the node's notice. Per notice: notice to durable checkpoint (the newest
+   launch), let it train at least two steps past where it resumed, then give one host (a seeded
+   choice) its node's notice: EC2's spot instance-action on that host's own IMDSv2 double (the
+   tests' `tests/_imds_double.py`, served on the bridge; `--notice-via sigterm`: a SIGTERM to
+   its agent). Per notice: notice to durable checkpoint (the newest
    commit marker of the stop step on every rank, `committed_at`, minus the moment the signal was
    sent), notice to every agent's exit, whether every rank committed the one stop step (else a
    lost checkpoint) and whether the next launch resumed from it (else a failed resume).
@@ -27,6 +29,7 @@ Writes benchmarks/results/cluster.{json,md}.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -58,14 +61,16 @@ WAIT_S = 300.0
 
 
 class _Agent:
-    def __init__(self, host: netns.Host, store: Path, run_dir: Path) -> None:
+    def __init__(self, host: netns.Host, store: Path, run_dir: Path,
+                 metadata_url: str = "") -> None:
         self.host, self.run_dir = host, run_dir
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0",
                    PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-                   TRAINWISE_AGENT_NODE_ADDR=host.addr, TRAINWISE_AGENT_METADATA="none",
-                   TRAINWISE_AGENT_METADATA_URL="", TRAINWISE_AGENT_POLL_S="0.2",
+                   TRAINWISE_AGENT_NODE_ADDR=host.addr,
+                   TRAINWISE_AGENT_METADATA="ec2" if metadata_url else "none",
+                   TRAINWISE_AGENT_METADATA_URL=metadata_url, TRAINWISE_AGENT_POLL_S="0.2",
                    TRAINWISE_AGENT_TELEMETRY_EVERY_S="5", TRAINWISE_AGENT_NOTICE_MARGIN_S="5")
         env.setdefault("TRAINWISE_STATE_KEY", "b7" * 32)  # the deployment's key, one for all
         env.pop("TRAINWISE_RUN_SPEC", None)
@@ -95,7 +100,7 @@ class _Agent:
 
 
 def _launch(hosts: list[netns.Host], store: Path, work: Path, launch: str, max_steps: int,
-            sleep_s: float) -> list[_Agent]:
+            sleep_s: float, metadata_urls: list[str] | None = None) -> list[_Agent]:
     task = {"format": TASK_FORMAT, "run_id": RUN_ID,
             "job": {"name": "ddp-blobs", "project_dir": str(EXAMPLE), "entry": "train.py",
                     "args": ["--max-steps", str(max_steps), "--checkpoint-every-steps",
@@ -105,7 +110,9 @@ def _launch(hosts: list[netns.Host], store: Path, work: Path, launch: str, max_s
             "gang": {"nodes": len(hosts), "procs_per_node": 1,
                      "rdzv_endpoint": f"{hosts[0].addr}:{PORT}", "rdzv_id": launch}}
     put_task(LocalObjectStore(store), task)
-    return [_Agent(h, store, work / f"{launch}-{h.name}") for h in hosts]
+    urls = metadata_urls or [""] * len(hosts)
+    return [_Agent(h, store, work / f"{launch}-{h.name}", url)
+            for h, url in zip(hosts, urls, strict=True)]
 
 
 def _commits(store: Path, rank: int) -> dict[int, float]:
@@ -134,22 +141,32 @@ def _wait_for(predicate, agents: list[_Agent], what: str) -> None:
         time.sleep(0.05)
 
 
-def _notice_cycle(hosts, store, work, index: int, max_steps: int, rng: random.Random
-                  ) -> dict[str, Any]:
+def _notice_cycle(hosts, store, work, index: int, max_steps: int, rng: random.Random,
+                  gateway: str | None) -> dict[str, Any]:
+    """One notice: EC2's spot instance-action on one host's own IMDSv2 double (`gateway`: the
+    bridge address the doubles serve on), or a SIGTERM to its agent (`gateway` None)."""
     before = _common_step(store, len(hosts))
-    agents = _launch(hosts, store, work, f"notice-{index}", max_steps, STEP_SLEEP_S)
-    _wait_for(lambda: max((max(a.steps(), default=0) for a in agents), default=0) >= before + 2,
-              agents, "two steps past the resume point")
-    victim = rng.randrange(len(agents))
-    sent = time.time()
-    agents[victim].process.send_signal(signal.SIGTERM)
-    codes = [a.wait() for a in agents]
+    with contextlib.ExitStack() as stack:
+        doubles = ([stack.enter_context(_imds_double()(gateway)) for _ in hosts] if gateway
+                   else [])
+        agents = _launch(hosts, store, work, f"notice-{index}", max_steps, STEP_SLEEP_S,
+                         [d.url for d in doubles] or None)
+        _wait_for(lambda: max((max(a.steps(), default=0) for a in agents), default=0)
+                  >= before + 2, agents, "two steps past the resume point")
+        victim = rng.randrange(len(agents))
+        sent = time.time()
+        if doubles:
+            doubles[victim].inject_spot("terminate", in_s=120)
+        else:
+            agents[victim].process.send_signal(signal.SIGTERM)
+        codes = [a.wait() for a in agents]
     exited = time.time()
     commits = [_commits(store, r) for r in range(len(hosts))]
     stop = max(commits[0], default=0)
     lost = not all(stop in c for c in commits) or stop <= before
     durable = max(c[stop] for c in commits) if not lost else None
     return {"notice": index, "host": agents[victim].host.name, "resumed_from": before,
+            "source": (agents[victim].status().get("notice") or {}).get("source"),
             "stop_step": stop, "exit_codes": codes, "lost_checkpoint": lost,
             "notice_to_durable_s": round(durable - sent, 3) if durable else None,
             "notice_to_all_exit_s": round(exited - sent, 3),
@@ -196,7 +213,16 @@ def _failure_cycle(cluster, hosts, store, work, kind: str, max_steps: int) -> tu
             }, new_hosts
 
 
-def measure(notices: int, max_steps: int, work: Path, seed: int = 0) -> dict[str, Any]:
+def _imds_double() -> Any:
+    """The tests' IMDSv2 double (EC2's per-instance metadata service, notices injected):
+    what a node's agent asks on EC2, served to a namespace host from the bridge."""
+    from tests._imds_double import ImdsDouble
+
+    return ImdsDouble
+
+
+def measure(notices: int, max_steps: int, work: Path, seed: int = 0,
+            notice_via: str = "imds") -> dict[str, Any]:
     import torch
 
     cluster = netns.Cluster()
@@ -207,9 +233,10 @@ def measure(notices: int, max_steps: int, work: Path, seed: int = 0) -> dict[str
         if [a.wait() for a in agents] != [0, 0, 0]:
             raise RuntimeError(f"the uninterrupted reference run failed ({work})")
         store, rng = work / "store", random.Random(seed)
+        gateway = cluster.gateway() if notice_via == "imds" else None
         cycles, failures = [], []
         for index in range(notices):
-            cycles.append(_notice_cycle(hosts, store, work, index, max_steps, rng))
+            cycles.append(_notice_cycle(hosts, store, work, index, max_steps, rng, gateway))
             print(f"notice {index}: {cycles[-1]}", flush=True)
         for kind in ("host_lost", "partition"):
             record, hosts = _failure_cycle(cluster, hosts, store, work, kind, max_steps)
@@ -230,7 +257,7 @@ def measure(notices: int, max_steps: int, work: Path, seed: int = 0) -> dict[str
     return {
         "hosts": 3, "ranks_per_host": 1, "max_steps": max_steps, "checkpoint_every_steps": EVERY,
         "step_sleep_s": STEP_SLEEP_S, "collective_timeout_s": COLLECTIVE_TIMEOUT_S,
-        "notices": len(cycles),
+        "notices": len(cycles), "notice_via": notice_via,
         "notice_to_durable_p50_s": statistics.median(durable) if durable else None,
         "notice_to_durable_max_s": max(durable) if durable else None,
         "lost_checkpoints": sum(c["lost_checkpoint"] for c in cycles),
@@ -249,8 +276,11 @@ def report(r: dict[str, Any]) -> str:
         f"each (examples/ddp_loop under torchrun, c10d rendezvous, gloo), a shared store folder; "
         f"{r['max_steps']} steps, a checkpoint every {r['checkpoint_every_steps']}, "
         f"{r['step_sleep_s']} s of sleep a step, collectives time out after "
-        f"{r['collective_timeout_s']:.0f} s. Each notice is a SIGTERM to one host's agent; each "
-        "launch after it is a new rendezvous on the same hosts.",
+        f"{r['collective_timeout_s']:.0f} s. Each notice is "
+        + ("EC2's spot instance-action (terminate, 2 minutes) served by one host's own IMDSv2 "
+           "double, which its agent polls every 0.2 s" if r["notice_via"] == "imds"
+           else "a SIGTERM to one host's agent")
+        + "; each launch after it is a new rendezvous on the same hosts.",
         "",
         "| notices | notice to durable checkpoint p50 / max (s) | lost checkpoints | failed "
         "resumes |",
@@ -286,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cluster", description=__doc__.splitlines()[0])
     parser.add_argument("--notices", type=int, default=20)
     parser.add_argument("--max-steps", type=int, default=200)
+    parser.add_argument("--notice-via", choices=("imds", "sigterm"), default="imds",
+                        help="how a notice reaches a host: its IMDSv2 double or a SIGTERM")
     parser.add_argument("--quick", action="store_true", help="2 notices, 60 steps")
     parser.add_argument("--out", type=Path, default=None)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -300,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--max-steps {args.max_steps} leaves too few steps for "
                      f"{args.notices} notices and two failures (at least 3 a cycle)")
     with tempfile.TemporaryDirectory(prefix="trainwise-cluster-") as tmp:
-        result = measure(args.notices, args.max_steps, Path(tmp))
+        result = measure(args.notices, args.max_steps, Path(tmp), notice_via=args.notice_via)
     markdown = report(result)
     write_suite_results(args.out, args.quick, RESULTS_DIR, NAME, "benchmarks.cluster", argv,
                         result, markdown)

@@ -8,8 +8,9 @@ resolve to a host's address: a gang's rendezvous and gloo are told the addresses
 (`TRAINWISE_AGENT_NODE_ADDR`, `GLOO_SOCKET_IFNAME=eth0`).
 
 Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) and `ip` (iproute2); `unavailable()` says why not, for a
-skip. Names carry the process id, so two test workers build two clusters side by side; the bridge
-has no address, so their equal subnets never meet in the root namespace's routes.
+skip. Names carry the process id, so two test workers build two clusters side by side, each on
+its own subnet (the third octet from the name); the bridge gets an address only when a test
+serves something to the hosts from here (`gateway`).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class Cluster:
     hosts: list[Host] = field(default_factory=list)
     _links: list[str] = field(default_factory=list)
     _up: bool = False
+    _gateway: bool = False
 
     @property
     def bridge(self) -> str:
@@ -95,6 +97,16 @@ class Cluster:
         _ip("-n", host.name, "link", "set", "lo", "up")
         return host
 
+    def gateway(self) -> str:
+        """An address of this machine's root namespace on the bridge (10.X.Y.254), where the
+        hosts reach services the test runs here (a metadata double); set once."""
+        self._ensure_bridge()
+        address = f"10.77.{int(self.tag) % 250}.254"
+        if not self._gateway:
+            _ip("addr", "add", f"{address}/24", "dev", self.bridge)
+            self._gateway = True
+        return address
+
     def cut(self, host: Host) -> None:
         """Pull the host's cable: its link goes down (its processes live on, unreachable)."""
         _ip("link", "set", self._links[self.hosts.index(host)], "down")
@@ -104,4 +116,4 @@ class Cluster:
             subprocess.run(["ip", "netns", "del", host.name], capture_output=True, timeout=30)
         if self._up:
             subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=30)
-        self.hosts, self._links, self._up = [], [], False
+        self.hosts, self._links, self._up, self._gateway = [], [], False, False

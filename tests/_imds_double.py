@@ -32,7 +32,7 @@ def iso_in(seconds: float) -> str:
 
 
 class ImdsDouble:
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.tokens: set[str] = set()
         self.spot_action: dict[str, Any] | None = None
         self.rebalance: dict[str, Any] | None = None
@@ -98,9 +98,10 @@ class ImdsDouble:
                     return self._answer(200, json.dumps(body), "application/json")
                 return self._answer(404, "Not Found")
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        # `host`: an address a network-namespace host of a test cluster reaches (its bridge's).
+        self.server = ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"http://{host}:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, name="imds-double",
                                         daemon=True)
 

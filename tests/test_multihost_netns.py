@@ -4,9 +4,10 @@ network namespaces (benchmarks/netns_cluster.py), a node agent on each running t
 rendezvous at the first host's address.
 
 - Uninterrupted, the three ranks train 12 steps and every agent exits 0.
-- A SIGTERM to the second host's agent (its node's notice) mid-run: every rank stops at one
-  step with its checkpoint committed to the shared store and every agent exits 143 (the
-  noticed one with the notice recorded); a new launch on the first and third hosts and a
+- A spot instance-action on the second host's own IMDSv2 double (each host has one, served on
+  the bridge) mid-run: that host's agent writes the notice, every rank stops at one step with
+  its checkpoint committed to the shared store and every agent exits 143 (the noticed one with
+  the notice recorded); a new launch on the first and third hosts and a
   replacement host that has never run the job (an empty disk) rendezvouses again, resumes from
   the store and ends with the uninterrupted run's data order and schedule exactly, and its
   weights and optimizer state within float rounding (the reason is at the assertion).
@@ -14,6 +15,7 @@ rendezvous at the first host's address.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -26,6 +28,8 @@ import pytest
 import torch
 
 from benchmarks import netns_cluster as netns
+from tests._imds_double import ImdsDouble
+from trainwise.agent.imds import Ec2Watcher
 from trainwise.agent.task import TASK_FORMAT, put_task
 from trainwise.object_store import LocalObjectStore
 
@@ -76,15 +80,17 @@ def _task(endpoint: str, launch: str, sleep_s: float, timeout_s: float = 300.0) 
 class HostAgent:
     """One node agent on one host of the cluster; its log beside its run folder."""
 
-    def __init__(self, host: netns.Host, store: Path, run_dir: Path) -> None:
+    def __init__(self, host: netns.Host, store: Path, run_dir: Path,
+                 metadata_url: str = "") -> None:
         self.host, self.run_dir = host, run_dir
         self.log_path = run_dir.with_name(run_dir.name + ".agent.log")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0",
                    PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-                   TRAINWISE_AGENT_NODE_ADDR=host.addr, TRAINWISE_AGENT_METADATA="none",
-                   TRAINWISE_AGENT_METADATA_URL="", TRAINWISE_AGENT_POLL_S="0.2",
+                   TRAINWISE_AGENT_NODE_ADDR=host.addr,
+                   TRAINWISE_AGENT_METADATA="ec2" if metadata_url else "none",
+                   TRAINWISE_AGENT_METADATA_URL=metadata_url, TRAINWISE_AGENT_POLL_S="0.2",
                    TRAINWISE_AGENT_TELEMETRY_EVERY_S="1", TRAINWISE_AGENT_NOTICE_MARGIN_S="5")
         env.pop("TRAINWISE_RUN_SPEC", None)
         with open(self.log_path, "wb") as log:
@@ -112,10 +118,13 @@ class HostAgent:
 
 
 def _launch(cluster_hosts, store: Path, base: Path, launch: str, sleep_s: float,
-            timeout_s: float = 300.0) -> list[HostAgent]:
+            timeout_s: float = 300.0, metadata_urls: list[str] | None = None
+            ) -> list[HostAgent]:
     first = cluster_hosts[0]
     put_task(LocalObjectStore(store), _task(f"{first.addr}:{PORT}", launch, sleep_s, timeout_s))
-    return [HostAgent(h, store, base / f"{launch}-{h.name}") for h in cluster_hosts]
+    urls = metadata_urls or [""] * len(cluster_hosts)
+    return [HostAgent(h, store, base / f"{launch}-{h.name}", url)
+            for h, url in zip(cluster_hosts, urls, strict=True)]
 
 
 def _committed(store: Path, rank: int) -> list[int]:
@@ -164,14 +173,24 @@ def test_a_three_host_gang_survives_a_notice_and_resumes_on_a_replacement_host(
         cluster, reference, tmp_path):
     h1, h2, h3 = (cluster.add_host() for _ in range(3))
     store = tmp_path / "store"
-    agents = _launch([h1, h2, h3], store, tmp_path, "first", sleep_s=0.3)
-    _wait_for_commit(store, EVERY, agents)
-    agents[1].process.send_signal(signal.SIGTERM)  # the second host's node gets its notice
-    codes = [a.wait() for a in agents]
+    gateway = cluster.gateway()
+    with contextlib.ExitStack() as stack:
+        # Each host's own instance metadata service (IMDSv2), as EC2 serves one per instance.
+        doubles = [stack.enter_context(ImdsDouble(gateway)) for _ in range(3)]
+        agents = _launch([h1, h2, h3], store, tmp_path, "first", sleep_s=0.3,
+                         metadata_urls=[d.url for d in doubles])
+        _wait_for_commit(store, EVERY, agents)
+        doubles[1].inject_spot("terminate", in_s=120)  # the second host's spot reclaim notice
+        codes = [a.wait() for a in agents]
     assert codes == [143, 143, 143], [a.text() for a in agents]
     noticed = agents[1].status
-    assert noticed["notice"]["source"] == "SIGTERM" and noticed["state"] == "preempted"
+    assert noticed["notice"]["kind"] == "terminate" and noticed["state"] == "preempted"
+    assert noticed["notice"]["source"].startswith("ec2"), noticed["notice"]
     assert all(a.status["notice"] is None for a in (agents[0], agents[2]))
+    # Each agent asked its own host's service; only the second one's answered a notice.
+    answered = [{status for method, path, status in d.requests if path == Ec2Watcher.ACTION_PATH}
+                for d in doubles]
+    assert answered == [{404}, {404, 200}, {404}], answered
     stopped = {r: _committed(store, r)[-1] for r in range(3)}
     assert len(set(stopped.values())) == 1, stopped  # every rank at one step
     assert EVERY <= stopped[0] < MAX_STEPS
