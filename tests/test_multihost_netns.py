@@ -1,16 +1,18 @@
 """A multi-host gang for real on this machine (issue 27 item 3, short form): three hosts in
-network namespaces (benchmarks/netns_cluster.py), a node agent on each running the same task, whose
-`gang` puts the job (examples/ddp_loop, one rank a host, gloo) under torchrun with c10d
+network namespaces (benchmarks/netns_cluster.py), a node agent on each running the same task,
+whose `gang` puts the job (examples/ddp_loop, one rank a host, gloo) under torchrun with c10d
 rendezvous at the first host's address.
 
 - Uninterrupted, the three ranks train 12 steps and every agent exits 0.
 - A spot instance-action on the second host's own IMDSv2 double (each host has one, served on
   the bridge) mid-run: that host's agent writes the notice, every rank stops at one step with
   its checkpoint committed to the shared store and every agent exits 143 (the noticed one with
-  the notice recorded); a new launch on the first and third hosts and a
-  replacement host that has never run the job (an empty disk) rendezvouses again, resumes from
-  the store and ends with the uninterrupted run's data order and schedule exactly, and its
-  weights and optimizer state within float rounding (the reason is at the assertion).
+  the notice recorded). Before it, a rebalance recommendation on the third host's service made
+  every rank commit a checkpoint at the next fast tick (step 3, not an interval step). A new
+  launch on the first and third hosts and a replacement host that has never run the job (an
+  empty disk) rendezvouses again, resumes from the store and ends with the uninterrupted run's
+  data order and schedule exactly, and its weights and optimizer state within float rounding
+  (the reason is at the assertion).
 """
 
 from __future__ import annotations
@@ -71,8 +73,11 @@ def _task(endpoint: str, launch: str, sleep_s: float, timeout_s: float = 300.0) 
             "job": {"name": "ddp-blobs", "project_dir": str(EXAMPLE), "entry": "train.py",
                     "args": ["--max-steps", str(MAX_STEPS), "--checkpoint-every-steps",
                              str(EVERY), "--step-sleep-s", str(sleep_s)]},
+            # A fast tick every 3 steps (3, 6, 9: not interval steps) answers a rebalance
+            # recommendation early; only the preemption lever acts, as in every launch here.
             "spec": {"max_steps": MAX_STEPS, "checkpoint_every_steps": EVERY, "seed": 0,
-                     "collective_timeout_s": timeout_s},
+                     "collective_timeout_s": timeout_s, "fast_every_steps": 3,
+                     "fast_levers": ["preemption"]},
             "gang": {"nodes": 3, "procs_per_node": 1, "rdzv_endpoint": endpoint,
                      "rdzv_id": launch}}
 
@@ -177,9 +182,11 @@ def test_a_three_host_gang_survives_a_notice_and_resumes_on_a_replacement_host(
     with contextlib.ExitStack() as stack:
         # Each host's own instance metadata service (IMDSv2), as EC2 serves one per instance.
         doubles = [stack.enter_context(ImdsDouble(gateway)) for _ in range(3)]
+        doubles[2].inject_rebalance()  # the third host's risk went up: every rank saves early
         agents = _launch([h1, h2, h3], store, tmp_path, "first", sleep_s=0.3,
                          metadata_urls=[d.url for d in doubles])
         _wait_for_commit(store, EVERY, agents)
+        assert all(3 in _committed(store, r) for r in range(3)), [a.text() for a in agents]
         doubles[1].inject_spot("terminate", in_s=120)  # the second host's spot reclaim notice
         codes = [a.wait() for a in agents]
     assert codes == [143, 143, 143], [a.text() for a in agents]

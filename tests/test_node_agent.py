@@ -314,9 +314,11 @@ def test_spot_notice_checkpoints_within_it_and_an_empty_disk_resumes(tmp_path, r
     assert len(list((store / "runs" / run_id / "agent" / "starts").iterdir())) == 2
 
 
-def test_a_rebalance_recommendation_is_recorded_and_the_job_goes_on(tmp_path):
+def test_a_rebalance_recommendation_is_recorded_checkpointed_and_the_job_goes_on(tmp_path):
     store, run_id = tmp_path / "store", "agent-rebalance"
-    put_task(LocalObjectStore(store), _task(run_id, sleep_s=0.02, max_steps=12))
+    task = _task(run_id, sleep_s=0.02, max_steps=12)
+    task["spec"]["fast_every_steps"] = 3  # the first fast tick: step 3, not an interval step
+    put_task(LocalObjectStore(store), task)
     with ImdsDouble() as imds:
         imds.inject_rebalance()
         env = _env(TRAINWISE_AGENT_METADATA="ec2", TRAINWISE_AGENT_METADATA_URL=imds.url)
@@ -330,6 +332,11 @@ def test_a_rebalance_recommendation_is_recorded_and_the_job_goes_on(tmp_path):
         "noticeTime"]
     assert status["watching"] == f"ec2 metadata at {imds.url} and SIGTERM"
     assert not (tmp_path / "node" / "agent" / "notice").exists()
+    # The job checkpointed once for it, at its first fast tick, to the store, and went on.
+    events = _store_events(store, status)
+    reasons = [(e["step"], e["reason"]) for e in events if e["type"] == "checkpoint"]
+    assert [r for r in reasons if r[1] == "rebalance"] == [(3, "rebalance")], reasons
+    assert sorted(_committed(store, run_id)) == [3, 10, 12]
 
 
 def test_unreachable_endpoint_falls_back_to_sigterm(tmp_path):

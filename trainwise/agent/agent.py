@@ -129,6 +129,7 @@ class NodeAgent:
                          + uuid.uuid4().hex[:6])
         self.agent_dir = self.run_dir / "agent"
         self.notice_file = self.agent_dir / "notice"
+        self.rebalance_file = self.agent_dir / "rebalance"  # AgentTask.run_spec names it so
         self.start_prefix = f"{agent_prefix(run_id)}/starts/{self.start_id}"
         self.status: dict[str, Any] = {
             "format": STATUS_FORMAT, "run_id": run_id, "start_id": self.start_id,
@@ -197,6 +198,7 @@ class NodeAgent:
         try:
             self.agent_dir.mkdir(parents=True, exist_ok=True)
             self.notice_file.unlink(missing_ok=True)  # a stale one from an earlier start
+            self.rebalance_file.unlink(missing_ok=True)
             spec_path = write_spec(spec, self.agent_dir / "spec.json")
         except OSError as error:
             LOG.error("the local run folder %s cannot be written (%s); give --run-dir a "
@@ -327,6 +329,12 @@ class NodeAgent:
             left_s = (notice.ends_wall_s or notice.received_wall_s) - time.time()
             LOG.warning("notice from %s (%s): the node ends in %.1f s; the job was told to "
                         "checkpoint and leave", notice.source, notice.kind, left_s)
+        elif notice.kind == "rebalance" and self._active is None:
+            # The node's risk went up, its end is not set: the job checkpoints at its next fast
+            # tick (to the store) and goes on, so a reclaim that follows loses less.
+            write_atomic(self.rebalance_file, (json.dumps(notice.record()) + "\n").encode())
+            LOG.info("recorded %s (%s): the job was asked for a checkpoint", notice.source,
+                     notice.kind)
         else:
             LOG.info("recorded %s (%s)%s", notice.source, notice.kind,
                      "" if not notice.stops_job else " after the first notice")

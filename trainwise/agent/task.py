@@ -20,8 +20,8 @@ no shell and no environment taken from it. With a `gang`, the same entry runs un
 (`python -m torch.distributed.run`) with c10d rendezvous at the endpoint the provider gives
 (one node hosts it: the one whose address is the endpoint's host), `nodes` hosts of
 `procs_per_node` ranks each; torchrun gives each rank its RANK and WORLD_SIZE, and the SDK
-joins the process group from them. The spec's `run_dir`, `store_root` and `notice_file`
-are the agent's to set (the node's own folder, the store it was given, its notice file).
+joins the process group from them. The spec's `run_dir`, `store_root`, `notice_file` and
+`rebalance_file` are the agent's to set (the node's own folder, the store it was given, its notice file).
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ _ENDPOINT = re.compile(r"(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])
                        r":(?P<port>[0-9]{1,5})")
 _JOB_KEYS = {"name": str, "project_dir": str, "entry": str, "args": list}
 _JOB_REQUIRED = ("name", "project_dir", "entry")
-AGENT_SETS = ("run_dir", "store_root", "notice_file")  # spec fields a task may not give
+# spec fields a task may not give
+AGENT_SETS = ("run_dir", "store_root", "notice_file", "rebalance_file")
 _MODULE_ENTRY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 FIX = "the launcher writes this document (trainwise.agent.task.put_task); regenerate it"
@@ -123,7 +124,10 @@ class AgentTask:
         try:
             return with_fields(base, **{**self.spec, **agent_fields, "run_dir": str(run_dir),
                                         "store_root": str(store_root),
-                                        "notice_file": str(notice_file)})
+                                        "notice_file": str(notice_file),
+                                        # beside the notice file, in the agent's folder
+                                        "rebalance_file": str(Path(notice_file).with_name(
+                                            "rebalance"))})
         except RunSpecError as error:
             raise AgentTaskError(f"task key 'spec': {error}; {FIX}") from error
 

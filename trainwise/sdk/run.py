@@ -161,6 +161,7 @@ class Run:
         self._last_checkpoint_sha256: str | None = None
         self._checkpoint_cost_s = math.nan
         self._notice_wall_s: float | None = None
+        self._rebalance_seen_ns: int | None = None  # mtime of the rebalance file answered
         self._notice_signal: str | None = None
         self._started = False
         self._closed = False
@@ -483,15 +484,18 @@ class Run:
         if self.spec.max_steps is not None and self.step_count >= self.spec.max_steps:
             self.done = True
             return
-        risk_checkpoint = False
+        risk_checkpoint = rebalance = False
         if self.step_count % self.spec.fast_every_steps == 0:
             action = self._fast_tick(step_ms)
             # No notice, but the risk the launcher observed says the last checkpoint is older
             # than Young's interval for it: the fast layer asks for one now.
             risk_checkpoint = action.preemption_response is PreemptionResponse.CHECKPOINT_NOW
+            rebalance = self._agreed_rebalance()
         every = self.spec.checkpoint_every_steps
         if every and self.step_count % every == 0:
             self.checkpoint("interval")
+        elif rebalance and self._model is not None:
+            self.checkpoint("rebalance")
         elif risk_checkpoint:
             self.checkpoint("risk")
 
@@ -582,6 +586,22 @@ class Run:
         if not pending:
             self._notice_wall_s, self._notice_signal = time.time() - age_s, "another rank's notice"
         return True
+
+    def _agreed_rebalance(self) -> bool:
+        """Whether a rebalance recommendation came since the last one answered, on any rank (a
+        gang checkpoints one step on every rank: one all-reduce, at fast ticks only)."""
+        fresh = False
+        path = self.spec.rebalance_file
+        if path is not None:
+            try:
+                changed_ns = os.stat(path).st_mtime_ns
+            except OSError:
+                changed_ns = None
+            if changed_ns is not None and changed_ns != self._rebalance_seen_ns:
+                self._rebalance_seen_ns, fresh = changed_ns, True
+        if self._ranks is None:
+            return fresh
+        return self._ranks.max_float(1.0 if fresh else 0.0) > 0.0
 
     def _notice_left_s(self) -> float:
         assert self._notice_wall_s is not None

@@ -45,6 +45,9 @@ class RunSpec:
     store_root: str | None = None
     store_prefix: str = ""  # key prefix; "" -> "runs/<run_id>/checkpoints"
     notice_file: str | None = None  # a node agent writes it when the node is being reclaimed
+    # A node agent writes it when the cloud raises the node's risk without ending it (EC2's
+    # rebalance recommendation): the job checkpoints at its next fast tick and goes on.
+    rebalance_file: str | None = None
     notice_s: float = 120.0  # what a SIGTERM leaves before the kill (EC2 spot: 2 minutes)
     # The chance of a reclaim within the fast heuristic's risk horizon, as the launcher observed
     # it on the node's market (0: none known). With it the fast layer checkpoints on Young's
@@ -98,12 +101,13 @@ class RunSpec:
         return {"format": SPEC_FORMAT, **data}
 
 
-_PATH_FIELDS = ("run_dir", "store_root", "notice_file", "dataset_dir")
+_PATH_FIELDS = ("run_dir", "store_root", "notice_file", "rebalance_file", "dataset_dir")
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "run_id": (str,), "run_dir": (str,), "max_steps": (int, type(None)), "seed": (int,),
     "checkpoint_every_steps": (int, type(None)), "keep_checkpoints": (int,),
     "fast_every_steps": (int,), "fast_policy": (str,), "fast_levers": (list, tuple),
     "store_root": (str, type(None)), "store_prefix": (str,), "notice_file": (str, type(None)),
+    "rebalance_file": (str, type(None)),
     "notice_s": (int, float), "preemption_risk": (int, float), "schedule_version": (str,),
     "instance_type": (str,), "price_usd_per_hour": (int, float), "rank": (int,),
     "world_size": (int,), "dist_backend": (str,), "collective_timeout_s": (int, float),
