@@ -60,10 +60,14 @@ COLLECTIVE_TIMEOUT_S = 10.0
 WAIT_S = 300.0
 
 
-class _Agent:
+class HostAgent:
+    """The product's node agent on one host of the cluster (`python -m trainwise.agent` in the
+    host's namespace); its log beside its run folder. The tests use it too."""
+
     def __init__(self, host: netns.Host, store: Path, run_dir: Path,
-                 metadata_url: str = "") -> None:
-        self.host, self.run_dir = host, run_dir
+                 metadata_url: str = "", wait_s: float = WAIT_S) -> None:
+        self.host, self.run_dir, self.wait_s = host, run_dir, wait_s
+        self.log_path = run_dir.with_name(run_dir.name + ".agent.log")
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0",
@@ -74,22 +78,29 @@ class _Agent:
                    TRAINWISE_AGENT_TELEMETRY_EVERY_S="5", TRAINWISE_AGENT_NOTICE_MARGIN_S="5")
         env.setdefault("TRAINWISE_STATE_KEY", "b7" * 32)  # the deployment's key, one for all
         env.pop("TRAINWISE_RUN_SPEC", None)
-        with open(run_dir.with_name(run_dir.name + ".agent.log"), "wb") as log:
+        with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 host.argv([sys.executable, "-m", "trainwise.agent", "--store", str(store),
                            "--run-id", RUN_ID, "--run-dir", str(run_dir)]),
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def steps(self) -> list[int]:
+        """The steps rank 0 printed, when it runs on this host."""
         path = self.run_dir / "agent" / "job.log"
         if not path.exists():
             return []
         return [int(line.split()[1]) for line in path.read_text(errors="replace").splitlines()
                 if line.startswith("step ") and line.split()[1].isdigit()]
 
+    def text(self) -> str:
+        """The agent's and the job's logs' ends, for a failure message."""
+        job = self.run_dir / "agent" / "job.log"
+        return (self.log_path.read_text(errors="replace")[-3000:] + "\n--- job ---\n"
+                + (job.read_text(errors="replace")[-3000:] if job.exists() else ""))
+
     def wait(self) -> int:
         try:
-            return self.process.wait(timeout=WAIT_S)
+            return self.process.wait(timeout=self.wait_s)
         finally:
             if self.process.poll() is None:
                 self.process.kill()
@@ -100,7 +111,7 @@ class _Agent:
 
 
 def _launch(hosts: list[netns.Host], store: Path, work: Path, launch: str, max_steps: int,
-            sleep_s: float, metadata_urls: list[str] | None = None) -> list[_Agent]:
+            sleep_s: float, metadata_urls: list[str] | None = None) -> list[HostAgent]:
     task = {"format": TASK_FORMAT, "run_id": RUN_ID,
             "job": {"name": "ddp-blobs", "project_dir": str(EXAMPLE), "entry": "train.py",
                     "args": ["--max-steps", str(max_steps), "--checkpoint-every-steps",
@@ -111,7 +122,7 @@ def _launch(hosts: list[netns.Host], store: Path, work: Path, launch: str, max_s
                      "rdzv_endpoint": f"{hosts[0].addr}:{PORT}", "rdzv_id": launch}}
     put_task(LocalObjectStore(store), task)
     urls = metadata_urls or [""] * len(hosts)
-    return [_Agent(h, store, work / f"{launch}-{h.name}", url)
+    return [HostAgent(h, store, work / f"{launch}-{h.name}", url)
             for h, url in zip(hosts, urls, strict=True)]
 
 
@@ -129,7 +140,7 @@ def _common_step(store: Path, ranks: int) -> int:
     return max(set.intersection(*(set(_commits(store, r)) for r in range(ranks))), default=0)
 
 
-def _wait_for(predicate, agents: list[_Agent], what: str) -> None:
+def _wait_for(predicate, agents: list[HostAgent], what: str) -> None:
     deadline = time.monotonic() + WAIT_S
     while not predicate():
         for agent in agents:

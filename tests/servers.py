@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 VENV_BIN = Path(sys.executable).parent
@@ -50,3 +52,17 @@ def stop(process: subprocess.Popen) -> None:
             process.wait(timeout=5)
         except ProcessLookupError:
             pass
+
+
+@contextlib.contextmanager
+def moto(folder: Path) -> Iterator[str]:
+    """A moto_server on a free loopback port (its log in `folder`), its URL while it runs."""
+    log = Path(folder) / "moto.log"
+    port = free_port()
+    process = start([str(VENV_BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/moto-api/", process, log, timeout_s=60)
+        yield url
+    finally:
+        stop(process)

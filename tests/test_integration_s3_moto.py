@@ -13,17 +13,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def moto_url(tmp_path_factory):
-    root = tmp_path_factory.mktemp("moto")
-    port = servers.free_port()
-    log = root / "moto.log"
-    process = servers.start(
-        [str(servers.VENV_BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        servers.wait_http(f"{url}/moto-api/", process, log, timeout_s=60)
+    with servers.moto(tmp_path_factory.mktemp("moto")) as url:
         yield url
-    finally:
-        servers.stop(process)
 
 
 @pytest.fixture

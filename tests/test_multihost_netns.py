@@ -21,8 +21,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -30,6 +28,7 @@ import pytest
 import torch
 
 from benchmarks import netns_cluster as netns
+from benchmarks.cluster import HostAgent
 from tests._imds_double import ImdsDouble
 from trainwise.agent.imds import Ec2Watcher
 from trainwise.agent.task import TASK_FORMAT, put_task
@@ -64,7 +63,7 @@ def reference(cluster, tmp_path_factory) -> Path:
     codes = [a.wait() for a in agents]
     assert codes == [0, 0, 0], [a.text() for a in agents]
     assert [_committed(base / "store", r) for r in range(3)] == [[4, 8, 12]] * 3
-    assert all(a.status["job"]["gang"]["nodes"] == 3 for a in agents)
+    assert all(a.status()["job"]["gang"]["nodes"] == 3 for a in agents)
     return base / "store"
 
 
@@ -82,53 +81,13 @@ def _task(endpoint: str, launch: str, sleep_s: float, timeout_s: float = 300.0) 
                      "rdzv_id": launch}}
 
 
-class HostAgent:
-    """One node agent on one host of the cluster; its log beside its run folder."""
-
-    def __init__(self, host: netns.Host, store: Path, run_dir: Path,
-                 metadata_url: str = "") -> None:
-        self.host, self.run_dir = host, run_dir
-        self.log_path = run_dir.with_name(run_dir.name + ".agent.log")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0",
-                   PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-                   TRAINWISE_AGENT_NODE_ADDR=host.addr,
-                   TRAINWISE_AGENT_METADATA="ec2" if metadata_url else "none",
-                   TRAINWISE_AGENT_METADATA_URL=metadata_url, TRAINWISE_AGENT_POLL_S="0.2",
-                   TRAINWISE_AGENT_TELEMETRY_EVERY_S="1", TRAINWISE_AGENT_NOTICE_MARGIN_S="5")
-        env.pop("TRAINWISE_RUN_SPEC", None)
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                host.argv([sys.executable, "-m", "trainwise.agent", "--store", str(store),
-                           "--run-id", RUN_ID, "--run-dir", str(run_dir)]),
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-    def text(self) -> str:
-        job = self.run_dir / "agent" / "job.log"
-        return (self.log_path.read_text(errors="replace")[-3000:] + "\n--- job ---\n"
-                + (job.read_text(errors="replace")[-3000:] if job.exists() else ""))
-
-    def wait(self) -> int:
-        try:
-            return self.process.wait(timeout=TIMEOUT_S)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait()
-
-    @property
-    def status(self) -> dict:
-        return json.loads((self.run_dir / "agent" / "status.json").read_text())
-
-
 def _launch(cluster_hosts, store: Path, base: Path, launch: str, sleep_s: float,
             timeout_s: float = 300.0, metadata_urls: list[str] | None = None
             ) -> list[HostAgent]:
     first = cluster_hosts[0]
     put_task(LocalObjectStore(store), _task(f"{first.addr}:{PORT}", launch, sleep_s, timeout_s))
     urls = metadata_urls or [""] * len(cluster_hosts)
-    return [HostAgent(h, store, base / f"{launch}-{h.name}", url)
+    return [HostAgent(h, store, base / f"{launch}-{h.name}", url, wait_s=TIMEOUT_S)
             for h, url in zip(cluster_hosts, urls, strict=True)]
 
 
@@ -190,10 +149,10 @@ def test_a_three_host_gang_survives_a_notice_and_resumes_on_a_replacement_host(
         doubles[1].inject_spot("terminate", in_s=120)  # the second host's spot reclaim notice
         codes = [a.wait() for a in agents]
     assert codes == [143, 143, 143], [a.text() for a in agents]
-    noticed = agents[1].status
+    noticed = agents[1].status()
     assert noticed["notice"]["kind"] == "terminate" and noticed["state"] == "preempted"
     assert noticed["notice"]["source"].startswith("ec2"), noticed["notice"]
-    assert all(a.status["notice"] is None for a in (agents[0], agents[2]))
+    assert all(a.status()["notice"] is None for a in (agents[0], agents[2]))
     # Each agent asked its own host's service; only the second one's answered a notice.
     answered = [{status for method, path, status in d.requests if path == Ec2Watcher.ACTION_PATH}
                 for d in doubles]
@@ -207,7 +166,7 @@ def test_a_three_host_gang_survives_a_notice_and_resumes_on_a_replacement_host(
     agents = _launch([h1, h3, h4], store, tmp_path, "second", sleep_s=0.0)
     codes = [a.wait() for a in agents]
     assert codes == [0, 0, 0], [a.text() for a in agents]
-    resumed = [a.status["resumed_from_step"] for a in agents]
+    resumed = [a.status()["resumed_from_step"] for a in agents]
     assert resumed == [stopped[0]] * 3, resumed
     _assert_like_reference(store, reference)
 
@@ -218,10 +177,7 @@ def _wait_all(agents: list[HostAgent]) -> list[int]:
 
 def _reached(agents: list[HostAgent]) -> int:
     """The furthest step any surviving rank printed."""
-    steps = [int(line.split()[1]) for a in agents
-             for line in (a.run_dir / "agent" / "job.log").read_text(errors="replace").splitlines()
-             if line.startswith("step ") and line.split()[1].isdigit()]
-    return max(steps, default=0)
+    return max((step for a in agents for step in a.steps()), default=0)
 
 
 @pytest.mark.slow
@@ -246,7 +202,7 @@ def test_a_host_lost_without_notice_or_cut_off_costs_at_most_one_interval(
     survivors = [agents[0], agents[2]]
     codes = _wait_all(survivors)
     assert all(code not in (0, 143) for code in codes), codes
-    assert all(agent.status["state"] == "failed" for agent in survivors)
+    assert all(agent.status()["state"] == "failed" for agent in survivors)
     # The launcher replaces the host it cannot reach: the provider terminates that node (here,
     # its processes are killed; cut off, they would wait on the rendezvous store for minutes).
     for pid in netns.pids(b):
@@ -259,7 +215,7 @@ def test_a_host_lost_without_notice_or_cut_off_costs_at_most_one_interval(
     agents = _launch([a, c, d], store, tmp_path, f"{failure}-2", sleep_s=0.0)
     codes = _wait_all(agents)
     assert codes == [0, 0, 0], [agent.text() for agent in agents]
-    resumed = {agent.status["resumed_from_step"] for agent in agents}
+    resumed = {agent.status()["resumed_from_step"] for agent in agents}
     assert resumed == {common}, (resumed, common)
     assert reached - common <= EVERY, (reached, common)  # at most one interval lost
     _assert_like_reference(store, reference)
