@@ -8,7 +8,7 @@ store is a folder every host sees (standing for S3 or a shared file system).
 1. `--notices N` cycles: launch the gang (a new rendezvous id each time, the hosts of the last
    launch), let it train at least two steps past where it resumed, then give one host (a seeded
    choice) its node's notice: EC2's spot instance-action on that host's own IMDSv2 double (the
-   tests' `tests/_imds_double.py`, served on the bridge; `--notice-via sigterm`: a SIGTERM to
+   double `benchmarks/imds_double.py`, served on the bridge; `--notice-via sigterm`: a SIGTERM to
    its agent). Per notice: notice to durable checkpoint (the newest
    commit marker of the stop step on every rank, `committed_at`, minus the moment the signal was
    sent), notice to every agent's exit, whether every rank committed the one stop step (else a
@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import netns_cluster as netns
+from benchmarks.imds_double import ImdsDouble
 from benchmarks.results_io import write_suite_results
 from trainwise.agent.task import TASK_FORMAT, put_task
 from trainwise.object_store import LocalObjectStore
@@ -158,7 +159,7 @@ def _notice_cycle(hosts, store, work, index: int, max_steps: int, rng: random.Ra
     bridge address the doubles serve on), or a SIGTERM to its agent (`gateway` None)."""
     before = _common_step(store, len(hosts))
     with contextlib.ExitStack() as stack:
-        doubles = ([stack.enter_context(_imds_double()(gateway)) for _ in hosts] if gateway
+        doubles = ([stack.enter_context(ImdsDouble(gateway)) for _ in hosts] if gateway
                    else [])
         agents = _launch(hosts, store, work, f"notice-{index}", max_steps, STEP_SLEEP_S,
                          [d.url for d in doubles] or None)
@@ -222,14 +223,6 @@ def _failure_cycle(cluster, hosts, store, work, kind: str, max_steps: int) -> tu
             "steps_lost": reached - resume, "bound_steps": EVERY,
             "resumed_as_expected": (relaunched[0].status().get("resumed_from_step") == resume)
             }, new_hosts
-
-
-def _imds_double() -> Any:
-    """The tests' IMDSv2 double (EC2's per-instance metadata service, notices injected):
-    what a node's agent asks on EC2, served to a namespace host from the bridge."""
-    from tests._imds_double import ImdsDouble
-
-    return ImdsDouble
 
 
 def measure(notices: int, max_steps: int, work: Path, seed: int = 0,

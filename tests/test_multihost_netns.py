@@ -29,7 +29,7 @@ import torch
 
 from benchmarks import netns_cluster as netns
 from benchmarks.cluster import HostAgent
-from tests._imds_double import ImdsDouble
+from benchmarks.imds_double import ImdsDouble
 from trainwise.agent.imds import Ec2Watcher
 from trainwise.agent.task import TASK_FORMAT, put_task
 from trainwise.object_store import LocalObjectStore

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests._imds_double import ImdsDouble
+from benchmarks.imds_double import ImdsDouble
 from tests.servers import free_port
 from trainwise import settings
 from trainwise.agent.imds import (

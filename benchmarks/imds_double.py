@@ -1,4 +1,5 @@
-"""A test double of the clouds' instance metadata services, on 127.0.0.1 (http.server, a thread).
+"""A test double of the clouds' instance metadata services, on 127.0.0.1 or a given address
+(http.server, a thread); the node agent's tests and the cluster benchmark serve notices with it.
 
 One server answers the three clouds' paths as they do (only what the node agent asks):
 
