@@ -7,7 +7,7 @@ import json
 import dagster as dg
 
 from assets.resources import StateResource
-from trainwise import slow_tick
+from trainwise import orphan_nodes, settings, slow_tick
 
 demo_job = dg.define_asset_job(
     "demo",
@@ -129,8 +129,6 @@ def terminate_orphans_op(context: dg.OpExecutionContext, config: OrphanNodesConf
                          state: StateResource) -> None:
     """Terminate the aws nodes no live run of this deployment holds (trainwise.orphan_nodes),
     and log each with whose it was and why."""
-    from trainwise import orphan_nodes, settings
-
     wanted = set(config.instance_ids)
     terminated_total = 0
     for region, (provider, orphans) in orphan_nodes.find_orphans_on_aws(

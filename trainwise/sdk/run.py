@@ -590,15 +590,16 @@ class Run:
     def _agreed_rebalance(self) -> bool:
         """Whether a rebalance recommendation came since the last one answered, on any rank (a
         gang checkpoints one step on every rank: one all-reduce, at fast ticks only)."""
-        fresh = False
         path = self.spec.rebalance_file
-        if path is not None:
-            try:
-                changed_ns = os.stat(path).st_mtime_ns
-            except OSError:
-                changed_ns = None
-            if changed_ns is not None and changed_ns != self._rebalance_seen_ns:
-                self._rebalance_seen_ns, fresh = changed_ns, True
+        if path is None:  # no node agent: every rank's spec names none, so no all-reduce
+            return False
+        fresh = False
+        try:
+            changed_ns = os.stat(path).st_mtime_ns
+        except OSError:
+            changed_ns = None
+        if changed_ns is not None and changed_ns != self._rebalance_seen_ns:
+            self._rebalance_seen_ns, fresh = changed_ns, True
         if self._ranks is None:
             return fresh
         return self._ranks.max_float(1.0 if fresh else 0.0) > 0.0
