@@ -28,6 +28,7 @@ from cloud.traces import (
     load_collection,
     load_folder,
 )
+from tests.shared_data import needs_spot_data
 
 SHARED_DATA = default_spot_dir().parent
 needs_shared = pytest.mark.skipif(not (SHARED_DATA / "cluster").is_dir(),
@@ -255,6 +256,7 @@ def test_spot_prices_recorded_in_the_trace_files_are_billed(tmp_path):
 
 
 # -- 8. the example for a missing collection.toml; two files in one zone --------------------------
+@needs_spot_data  # the example's files name no price: it is the Spot Advisor feed's
 def test_the_example_gives_each_file_its_own_zone_and_loads(tmp_path):
     folder = tmp_path / "bare"
     folder.mkdir()
