@@ -85,7 +85,12 @@ def test_a_killed_process_is_billed_from_the_ledger_whatever_telemetry_says(tmp_
     start = run_start_events(tmp_path)[-1]
     assert (start["replay_from_step"], start["replay_to_step"]) == (16, 20)
     assert start["lost_s"] == pytest.approx(truth_s - checkpoint_elapsed_s(tmp_path, 16), abs=1e-9)
-    assert len(start["billing_warnings"]) == 2  # the clock and the step, each said
+    # The clock and the step, each said. A loaded machine may also kill the trainer before it
+    # polled the step-16 checkpoint's background write, so the ledger lacks that checkpoint's
+    # line: said too, and billed from the ledger's line at that step (the asserts above).
+    said = [w for w in start["billing_warnings"] if "becoming durable" not in w]
+    assert len(said) == 2, start["billing_warnings"]
+    assert any("step 23" in w for w in said)
 
 
 def test_a_rewritten_marker_declaring_real_lines_torn_is_refused(tmp_path):
