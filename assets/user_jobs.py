@@ -20,6 +20,7 @@ import dagster as dg
 from assets.data import data_shards
 from assets.resources import MLflowResource, ObjectStoreResource, StateResource
 from trainwise import (
+    agent_launch,
     gang,
     job_forecast,
     settings,
@@ -124,15 +125,25 @@ def user_job_defs(project: Project, shards_asset: dg.AssetsDefinition = data_sha
             except ValueError as error:  # unknown policy, no max_steps: nothing launched
                 raise dg.Failure(description=str(error)) from error
         else:
+            # aws: the nodes boot the node agent, which runs the job there (agent_launch);
+            # the emulated provider's nodes are this machine (user_jobs.UserJobLaunch).
+            on_nodes = agent_launch.runs_on_nodes()
+            node_agent = ({"run_id": run_id, "store_root": str(store.root), "job": job.name}
+                          if on_nodes else {})
             session = gang.GangSession(
-                gang.provider_for_run(instance_type, region),
+                gang.provider_for_run(instance_type, region, **node_agent),
                 gang.Allocation(market=config.market, nodes=1, reason="the Launchpad's request",
                                 source="request"),
                 instance_type, run_dir, run_id, region=region,
                 schedule_version=published.version)
-            result = user_jobs.UserJobLaunch(
-                job, project_dir, session, spec,
-                first_step_timeout_s=config.first_step_timeout_s).run()
+            try:
+                launcher = (agent_launch.AgentJobLaunch(job, project_dir, session, spec)
+                            if on_nodes else user_jobs.UserJobLaunch(
+                                job, project_dir, session, spec,
+                                first_step_timeout_s=config.first_step_timeout_s))
+                result = launcher.run()
+            except ValueError as error:  # a task the agent would refuse: no node launched
+                raise dg.Failure(description=str(error)) from error
         metadata = {"status": result["status"], "run_id": run_id, "job": job.name,
                     "entry": job.entry, "dataset": job.dataset,
                     "steps": result["steps"], "reclaims": result["reclaims"] or 0,

@@ -83,7 +83,11 @@ class HostAgent:
             self.process = subprocess.Popen(
                 host.argv([sys.executable, "-m", "trainwise.agent", "--store", str(store),
                            "--run-id", RUN_ID, "--run-dir", str(run_dir)]),
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                # Its own session, as an agent on a real host is: a signal to the test's or
+                # benchmark's process group never reaches it (a CI run saw all three agents
+                # of a reference gang SIGTERMed together 0.8 s after their start).
+                start_new_session=True)
 
     def steps(self) -> list[int]:
         """The steps rank 0 printed, when it runs on this host."""

@@ -53,6 +53,7 @@ class ObjectStore(Protocol):
     def get_bytes(self, key: str) -> bytes: ...
     def exists(self, key: str) -> bool: ...
     def list_keys(self, prefix: str) -> list[str]: ...
+    def delete(self, key: str) -> None: ...
     def uri(self, key: str) -> str: ...
     def check_reachable(self) -> None: ...
     def put_checkpoint(self, path: Path, manifest_path: Path, key: str, *,
@@ -176,6 +177,10 @@ class LocalObjectStore(_CheckpointPuts):
     def exists(self, key: str) -> bool:
         return (self.root / _check_key(key)).exists()
 
+    def delete(self, key: str) -> None:
+        """Removes the object; one that is not there is not an error (as S3's delete_object)."""
+        (self.root / _check_key(key)).unlink(missing_ok=True)
+
     def list_keys(self, prefix: str) -> list[str]:
         folder = self.root / _check_key(prefix.strip("/"))
         if not folder.is_dir():
@@ -281,6 +286,9 @@ class S3ObjectStore(_CheckpointPuts):
                 return False
             raise
         return True
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._full_key(key))
 
     def list_keys(self, prefix: str) -> list[str]:
         full = self._full_key(prefix.strip("/")) + "/"

@@ -121,6 +121,12 @@ SETTINGS: tuple[Setting, ...] = (
             "rendezvous endpoint's host hosts it; empty = torchrun's guess from the hostname"),
     Setting("TRAINWISE_AGENT_TELEMETRY_EVERY_S", "30", "seconds between two copies of the "
             "job's telemetry into the object store by the node agent (and once at the end)"),
+    Setting("TRAINWISE_AGENT_TASK_WAIT_S", "600", "seconds a node agent waits for its run's "
+            "task to appear in the store (the launcher writes it once the nodes have addresses) "
+            "before it refuses"),
+    Setting("TRAINWISE_NODE_PROJECT_DIR", "", "where a node's image holds the team's project "
+            "folder (the agent runs the registered job from there); empty = the same path as "
+            "on the launching machine"),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}

@@ -20,8 +20,9 @@ the selected provider, with the run spec the SDK reads (`TRAINWISE_RUN_SPEC`). I
 4. Exit 0 with a completed outcome ends the run; any other exit fails it with the log's tail.
    The provider's bill is the run's cost (`gang.json`), and `user_job.json` records the segments.
 
-Nodes: with the `aws` provider the instances are launched and billed, but the job runs on this
-machine (a node agent that runs it on the instance is issue 27).
+Nodes: this launcher runs the job on this machine (the emulated provider's nodes). With a
+provider whose nodes boot the node agent (aws), the `user_job_run` asset runs the job on the
+nodes instead (`trainwise.agent_launch.AgentJobLaunch`).
 """
 
 from __future__ import annotations

@@ -134,6 +134,7 @@ class _Node:
 class AwsProvider(ComputeProvider):
     name = NAME
     setting_names = (ENDPOINT_SETTING, *SETTING_NAMES)
+    boots_node_agent = True
 
     @classmethod
     def for_run(cls, instance_type: str, region: str, *, run_id: str | None = None,
@@ -433,6 +434,12 @@ class AwsProvider(ComputeProvider):
         self._refresh([record])
         return NodeStatus(record.handle, record.state, record.launched_at_s, record.notice_at_s,
                           record.ended_at_s, record.terminate_reason)
+
+    def node_address(self, node: NodeHandle) -> str | None:
+        """The instance's private IPv4 (EC2 gives it at launch; None until it has one)."""
+        answer = self._call("describe_instances", InstanceIds=[self._node(node).handle.node_id])
+        found = [i for res in answer["Reservations"] for i in res["Instances"]]
+        return found[0].get("PrivateIpAddress") if found else None
 
     def poll_events(self) -> list[NodeEvent]:
         return sorted(self._refresh(list(self._nodes.values())), key=lambda e: e.at_s)

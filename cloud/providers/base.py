@@ -180,6 +180,10 @@ class ComputeProvider(ABC):
     # The trainwise settings (`trainwise/settings.py`) this provider reads; shown in errors and
     # checked to be documented. A provider of one's own reads its own environment instead.
     setting_names: ClassVar[tuple[str, ...]] = ()
+    # True when the nodes it launches for a run boot the node agent (`for_run` with run_id,
+    # store_root and job): a run's job then runs on them (`trainwise.agent_launch`), not in
+    # the launching process. The emulated provider's nodes are this machine.
+    boots_node_agent: ClassVar[bool] = False
 
     # -- what callers ask of the class --------------------------------------------------------
     @classmethod
@@ -203,6 +207,11 @@ class ComputeProvider(ABC):
         price and Spot Advisor saving of `cloud/prices.py`; a provider with its own prices (a
         replayed trace, another cloud's price list) overrides this."""
         return node_price_usd_per_hour(self.name, instance_type, zone, market)
+
+    def node_address(self, node: NodeHandle) -> str | None:
+        """The address the other nodes of a gang reach `node` at (EC2: its private IPv4), for
+        the rendezvous a launcher names; None where the provider gives none."""
+        return None
 
     # -- the node calls -----------------------------------------------------------------------
 

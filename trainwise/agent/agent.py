@@ -49,7 +49,7 @@ from trainwise.agent.imds import (
     parse_time,
     watcher_from_settings,
 )
-from trainwise.agent.task import AgentTask, AgentTaskError, read_task
+from trainwise.agent.task import AgentTask, AgentTaskError, read_task, task_key
 from trainwise.agent.telemetry_sync import TelemetrySync
 from trainwise.object_store import COMMIT_SUFFIX, LocalObjectStore, ObjectStore
 from trainwise.sdk.run import PREEMPTED_EXIT_CODE
@@ -88,6 +88,10 @@ def node_addr() -> str | None:
     gang (on EC2 its private IPv4); empty: torchrun's guess from the hostname."""
     value = settings.get("TRAINWISE_AGENT_NODE_ADDR").strip()
     return value or None
+
+
+def task_wait_s() -> float:
+    return settings.get_float("TRAINWISE_AGENT_TASK_WAIT_S", 0.0, 86_400.0)
 
 
 def telemetry_every_s() -> float:
@@ -159,7 +163,8 @@ class NodeAgent:
             LOG.warning("status record not put into the store: %s", error)
 
     def _refuse(self, error: Exception) -> int:
-        self.status.update(state="refused", error=str(error), ended_at=_iso(time.time()))
+        self.status.update(state="refused", error=str(error), exit_code=REFUSED_EXIT_CODE,
+                           ended_at=_iso(time.time()))
         LOG.error("refused, nothing was started: %s", error)
         try:
             self._write_status()
@@ -179,6 +184,7 @@ class NodeAgent:
         except ServiceUnreachableError as error:
             LOG.error("%s", error)
             return AGENT_FAILED_EXIT_CODE
+        self._wait_for_task()
         try:
             task = read_task(self.store, self.run_id)
             if self.job_name is not None and task.job_name != self.job_name:
@@ -221,6 +227,28 @@ class NodeAgent:
                 signal.signal(sig, handler)
         self._finish(code, checkpoint_prefix)
         return code
+
+    def _wait_for_task(self) -> None:
+        """A node can boot before its launcher has written the task (a gang's task names the
+        first node's address, known only once EC2 gave it): wait for it, up to
+        TRAINWISE_AGENT_TASK_WAIT_S; a SIGTERM meanwhile stops the wait (nothing runs)."""
+        key = task_key(self.run_id)
+        try:
+            wait_s = task_wait_s()
+        except settings.SettingError:
+            return  # read_task's refusal below names the missing task; the setting is logged
+        deadline = time.monotonic() + wait_s
+        previous = signal.signal(signal.SIGTERM, self._on_signal)
+        try:
+            logged = False
+            while (not self.store.exists(key) and time.monotonic() < deadline
+                   and self._signal_wall_s is None):
+                if not logged:
+                    LOG.info("waiting up to %.0f s for the task %s", wait_s, self.store.uri(key))
+                    logged = True
+                time.sleep(min(self.poll_every_s, 1.0))
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
     def _supervise(self, task: AgentTask, spec_path: Path, telemetry_dir: Path,
                    choice: WatchChoice, notice_s: float) -> int:

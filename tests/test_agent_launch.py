@@ -1,0 +1,231 @@
+"""A registered job run by node agents on the EC2 nodes the aws provider launches (issue 27).
+
+moto_server stands for EC2; `benchmarks.ec2_boot_double` runs each instance's user-data as
+cloud-init would (its node paths in a temporary folder, its own IMDSv2 double). The launcher
+(`trainwise.agent_launch.AgentJobLaunch`) writes the task, follows the agents through the store
+only, answers a spot reclaim (the notice through the node's metadata, then EC2 terminating the
+instance) with a replacement that resumes from the store, and fails a run whose agent refused
+its task with the agent's reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+
+from benchmarks.ec2_boot_double import Ec2BootDouble
+from tests import servers
+from trainwise import gang
+from trainwise.agent.task import put_task, read_task, task_key
+from trainwise.agent_launch import AgentJobLaunch, runs_on_nodes, task_for
+from trainwise.object_store import LocalObjectStore
+from trainwise.sdk.spec import RunSpec
+from trainwise.user_project import JobSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "plain_loop"
+REGION, ZONE, INSTANCE = "us-east-1", "us-east-1a", "p3.2xlarge"
+MAX_STEPS = 40
+STATE_KEY = "c4" * 32  # the deployment's key: every node gets it from the AMI's env file
+TIMEOUT_S = 240.0
+
+
+@pytest.fixture(scope="module")
+def moto_url(tmp_path_factory):
+    with servers.moto(tmp_path_factory.mktemp("moto")) as url:
+        yield url
+
+
+@pytest.fixture
+def aws(moto_url, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("TRAINWISE_PROVIDER", "aws")
+    monkeypatch.setenv("TRAINWISE_EC2_ENDPOINT_URL", moto_url)
+    ec2 = boto3.client("ec2", endpoint_url=moto_url, region_name=REGION)
+    monkeypatch.setenv("TRAINWISE_EC2_IMAGE_ID", ec2.describe_images()["Images"][0]["ImageId"])
+    for name in ("TRAINWISE_EC2_IMAGE_PARAMETER", "TRAINWISE_EC2_SUBNET_IDS",
+                 "TRAINWISE_EC2_SECURITY_GROUP_IDS", "TRAINWISE_EC2_INSTANCE_PROFILE",
+                 "TRAINWISE_EC2_TAGS", "TRAINWISE_EC2_AGENT_COMMAND",
+                 "TRAINWISE_NODE_PROJECT_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    return ec2
+
+
+def _job(sleep_s: float = 0.1) -> JobSpec:
+    return JobSpec("blobs-classifier", "train.py", "script", EXAMPLE / "train.py", "blobs",
+                   ("--max-steps", str(MAX_STEPS), "--checkpoint-every-steps", "10",
+                    "--step-sleep-s", str(sleep_s)))
+
+
+def _node_env() -> dict[str, str]:
+    """The environment cloud-init starts the user-data in (the AMI's python has trainwise)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINWISE_", "AWS_"))}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return env
+
+
+AGENT_ENV = {"TRAINWISE_STATE_KEY": STATE_KEY, "TRAINWISE_AGENT_POLL_S": "0.2",
+             "TRAINWISE_AGENT_TELEMETRY_EVERY_S": "1", "TRAINWISE_AGENT_NOTICE_MARGIN_S": "5"}
+
+
+def _launch(tmp_path: Path, run_id: str, job: JobSpec, nodes: int = 1) -> AgentJobLaunch:
+    store, run_dir = tmp_path / "store", tmp_path / "runs" / run_id
+    provider = gang.provider_for_run(INSTANCE, REGION, run_id=run_id, store_root=str(store),
+                                     job=job.name)
+    session = gang.GangSession(provider, gang.Allocation(market="spot", zone=ZONE, nodes=nodes,
+                                                         reason="test", source="test"),
+                               INSTANCE, run_dir, run_id, region=REGION)
+    spec = RunSpec(run_id=run_id, run_dir=str(run_dir), max_steps=MAX_STEPS, seed=0,
+                   checkpoint_every_steps=10, store_root=str(store))
+    return AgentJobLaunch(job, EXAMPLE, session, spec, boot_timeout_s=120.0, poll_s=0.2,
+                          segment_timeout_s=TIMEOUT_S)
+
+
+def _in_thread(launch: AgentJobLaunch) -> tuple[threading.Thread, dict]:
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["result"] = launch.run()
+        except BaseException as error:  # noqa: BLE001 - re-raised by the test
+            box["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def _job_log(node) -> str:
+    found = list((node.folder / "home" / "agent_runs").glob("*/agent/job.log"))
+    return found[0].read_text(errors="replace") if found else ""
+
+
+def test_the_job_runs_on_its_ec2_node_and_a_reclaim_resumes_on_the_replacement(
+        aws, moto_url, tmp_path):
+    run_id = "nodes-reclaim"
+    assert runs_on_nodes()  # TRAINWISE_PROVIDER=aws: the asset takes this launcher
+    launch = _launch(tmp_path, run_id, _job())
+    with Ec2BootDouble(moto_url, REGION, tmp_path / "nodes", run_id=run_id, env=_node_env(),
+                       agent_env=AGENT_ENV) as double:
+        thread, box = _in_thread(launch)
+        [first] = double.wait_booted(1)
+        deadline = time.monotonic() + TIMEOUT_S
+        while "step 15\n" not in _job_log(first):
+            assert time.monotonic() < deadline and thread.is_alive(), (
+                box, first.log[-2000:], _job_log(first)[-2000:])
+            time.sleep(0.1)
+        double.reclaim(first.instance_id, notice_s=20.0)
+        thread.join(TIMEOUT_S)
+        assert not thread.is_alive(), "the launch did not end"
+        assert double.errors == []
+        booted = list(double.booted.values())
+    assert "error" not in box, box.get("error")
+    result = box["result"]
+    assert result["status"] == "completed", (result["failure"], first.log[-3000:])
+    assert result["engine"] == "node_agent" and result["steps"] == MAX_STEPS
+    # Two launches: the first answered the notice (exit 143), the replacement finished.
+    first_launch, second_launch = result["segments"]
+    assert first_launch["returncode"] == 143 and first_launch["status"] == "preempted"
+    assert second_launch["returncode"] == 0 and second_launch["status"] == "completed"
+    [first_start] = first_launch["starts"].values()
+    [second_start] = second_launch["starts"].values()
+    stopped_at = first_start["last_committed_step"]
+    assert first_start["state"] == "preempted" and stopped_at >= 15
+    assert second_start["resumed_from_step"] == stopped_at
+    assert second_start["last_committed_step"] == MAX_STEPS
+    # Each launch ran on its own instance; the notice came from the node's metadata service.
+    assert len(booted) == 2 and first.instance_id in first_launch["nodes"][0]
+    status = json.loads((first.folder / "home" / "agent_runs" / run_id / "agent"
+                         / "status.json").read_text())
+    assert status["notice"]["source"] == "ec2 spot/instance-action"
+    assert f"resumed True at step {stopped_at}" in _job_log(booted[1])
+    # Nothing trained on the launching machine: its run folder holds only the records and
+    # the provider's own decisions (telemetry rank PROVIDER_RANK).
+    run_dir = tmp_path / "runs" / run_id
+    assert not (run_dir / "checkpoints").exists()
+    assert [p.name for p in (run_dir / "telemetry" / run_id).iterdir()] == [
+        f"rank{gang.PROVIDER_RANK}"]
+    record = json.loads((run_dir / "gang.json").read_text())
+    assert record["reclaims"] == 1 and record["replacements"] == 1
+    # Nothing billed runs idle: both instances are ended in EC2; the task is gone.
+    states = {i["InstanceId"]: i["State"]["Name"] for r in aws.describe_instances(
+        InstanceIds=[n.instance_id for n in booted])["Reservations"] for i in r["Instances"]}
+    assert set(states.values()) <= {"shutting-down", "terminated"}, states
+    assert not LocalObjectStore(tmp_path / "store").exists(task_key(run_id))
+
+
+def test_a_task_the_node_refuses_fails_the_run_with_the_agents_reason(
+        aws, moto_url, tmp_path, monkeypatch):
+    run_id = "nodes-refused"
+    empty = tmp_path / "image-without-the-project"
+    empty.mkdir()
+    monkeypatch.setenv("TRAINWISE_NODE_PROJECT_DIR", str(empty))
+    launch = _launch(tmp_path, run_id, _job())
+    with Ec2BootDouble(moto_url, REGION, tmp_path / "nodes", run_id=run_id, env=_node_env(),
+                       agent_env=AGENT_ENV) as double:
+        result = launch.run()
+        [node] = double.booted.values()
+    assert result["status"] == "failed" and len(result["segments"]) == 1
+    assert result["segments"][0]["returncode"] == 2
+    assert "refused" in result["failure"] and "job.entry" in result["failure"]
+    assert str(empty) in result["failure"]
+    state = aws.describe_instances(InstanceIds=[node.instance_id])[
+        "Reservations"][0]["Instances"][0]["State"]["Name"]
+    assert state in ("shutting-down", "terminated")
+
+
+def test_a_gangs_task_names_the_first_nodes_private_address(aws, tmp_path):
+    run_id = "nodes-gang"
+    launch = _launch(tmp_path, run_id, _job(), nodes=3)
+    nodes = launch.session.start()
+    try:
+        address = launch.session.provider.node_address(nodes[0])
+        assert address and address.count(".") == 3
+        gang_spec = launch._gang(4)
+        assert (gang_spec.nodes, gang_spec.procs_per_node) == (3, 1)
+        assert gang_spec.rdzv_endpoint == f"{address}:29400"
+        assert gang_spec.rdzv_id == f"{run_id}-launch-4"
+        store = LocalObjectStore(tmp_path / "store")
+        put_task(store, task_for(launch.job, str(EXAMPLE), launch.spec, gang_spec))
+        task = read_task(store, run_id)
+        assert task.gang == gang_spec and task.spec["max_steps"] == MAX_STEPS
+        assert "store_root" not in task.spec and "run_dir" not in task.spec
+    finally:
+        launch.session.close("test over")
+
+
+def _agent(tmp_path: Path, run_id: str, wait_s: str) -> tuple[subprocess.Popen, Path]:
+    env = {**_node_env(), **AGENT_ENV, "TRAINWISE_AGENT_TASK_WAIT_S": wait_s,
+           "TRAINWISE_HOME": str(tmp_path / "home")}
+    log = tmp_path / f"{run_id}.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen([sys.executable, "-m", "trainwise.agent", "--store",
+                                    str(tmp_path / "store"), "--run-id", run_id], cwd=ROOT,
+                                   env=env, stdout=output, stderr=subprocess.STDOUT)
+    return process, log
+
+
+def test_an_agent_waits_for_a_task_written_after_its_boot(tmp_path):
+    store = LocalObjectStore(tmp_path / "store")
+    spec = RunSpec(run_id="late-task", run_dir=str(tmp_path / "x"), max_steps=3)
+    agent, log = _agent(tmp_path, "late-task", "60")
+    deadline = time.monotonic() + 60
+    while "waiting up to 60 s for the task" not in log.read_text():
+        assert agent.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+    job = JobSpec("blobs-classifier", "missing.py", "script", None, "blobs")
+    put_task(store, task_for(job, str(EXAMPLE), spec))
+    assert agent.wait(timeout=60) == 2, log.read_text()
+    assert "'missing.py'" in log.read_text()  # it read the task: the entry is not on this node
+
+    never, log = _agent(tmp_path, "never-written", "0.5")
+    assert never.wait(timeout=60) == 2 and "does not exist" in log.read_text()

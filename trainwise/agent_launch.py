@@ -1,0 +1,295 @@
+"""A team's registered job run by node agents on the nodes a provider launches (aws).
+
+`UserJobLaunch` (`trainwise.user_jobs`) runs the job in this process's machine; with a provider
+whose nodes boot the node agent (`ComputeProvider.boots_node_agent`: aws, built by `for_run`
+with the run id, the store and the job name, so each node's user-data starts
+`python -m trainwise.agent`), `AgentJobLaunch` runs it on the nodes instead. In order:
+
+1. The session launches the allocation and waits until EC2 says running (`GangSession.start`).
+2. The launcher writes the run's task into the store (`trainwise.agent.task.put_task`): the
+   job's entry and arguments, its project folder on the node (TRAINWISE_NODE_PROJECT_DIR), the
+   run-spec fields, and for more than one node a `gang` whose rendezvous endpoint is the first
+   node's private address (`node_address`) and whose `rdzv_id` is new for each launch. The
+   agents wait for it (TRAINWISE_AGENT_TASK_WAIT_S): a node can boot before the task exists.
+3. It follows the agents through the store only (what a launcher on another machine can see):
+   each agent start writes `runs/<run_id>/agent/starts/<start_id>/status.json`, its telemetry
+   and its outcome there. The provider's clock runs once every node's agent runs the job; a
+   node whose agent reports nothing within `boot_timeout_s` fails the run with the fix (the
+   node's `/var/log/trainwise/agent-<run_id>.log` and its console output).
+4. The node learns of its end itself (IMDSv2 spot/instance-action on EC2): its agent has the
+   job checkpoint to the store and exits 143. The launcher sees that exit, or EC2's reclaim
+   (`GangSession.check`), deletes the task, releases what is left of the launch
+   (`GangSession.replace`: terminating an instance is the SIGTERM its agent answers) and
+   launches the replacement, whose agents resume from the store. A stop the launcher itself
+   asks for (a new allocation) is a termination of the nodes: their agents answer its SIGTERM
+   the same way.
+5. Every agent of a launch exiting 0 with a completed outcome ends the run; an agent that
+   refused the task or whose job failed fails it, with the agent's error and its job log's tail
+   from the store. `user_job.json` records each launch (nodes, agent starts, exit codes).
+
+What is not done here: a gang is relaunched whole after a reclaim (its surviving nodes are
+released too); the store must be a folder every node mounts at the same path (the agent reads
+no s3:// store yet).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cloud.providers import provider_class
+from cloud.providers import provider_name as cloud_provider_name
+from training.safe_files import write_atomic
+from trainwise import settings
+from trainwise.agent.agent import STATUS_FORMAT, agent_prefix
+from trainwise.agent.task import AgentTask, GangSpec, parse_task, put_task, task_key
+from trainwise.gang import GangSession
+from trainwise.object_store import LocalObjectStore
+from trainwise.sdk.run import PREEMPTED_EXIT_CODE
+from trainwise.sdk.spec import RunSpec
+from trainwise.user_jobs import RECORD_FILE, spec_for_framework
+from trainwise.user_project import JobSpec
+
+RDZV_PORT = 29400
+LOG_TAIL_CHARS = 2000
+# Run-spec fields the task may not carry: the agent sets these on the node, torchrun the ranks.
+_NODE_SETS = ("run_id", "run_dir", "store_root", "notice_file", "rebalance_file", "rank",
+              "world_size")
+
+
+def runs_on_nodes(provider_name: str | None = None) -> bool:
+    """True when the selected provider's nodes boot the node agent (the job runs on them)."""
+    return bool(provider_class(cloud_provider_name(provider_name)).boots_node_agent)
+
+
+def node_project_dir(project_dir: Path) -> str:
+    """Where the nodes hold the project: TRAINWISE_NODE_PROJECT_DIR, else `project_dir`'s own
+    path (an image built with the project at the same place)."""
+    configured = settings.get("TRAINWISE_NODE_PROJECT_DIR").strip()
+    if configured and not configured.startswith("/"):
+        raise settings.SettingError(f"TRAINWISE_NODE_PROJECT_DIR={configured!r} is not an "
+                                    "absolute path; give the folder the node's image holds "
+                                    "the project in")
+    return configured or str(Path(project_dir).resolve())
+
+
+def task_for(job: JobSpec, project_dir_on_node: str, spec: RunSpec,
+             gang: GangSpec | None = None) -> AgentTask:
+    """The task document for one launch (checked as the agent will check it, less what only
+    the node can: its folder and script)."""
+    fields = {k: v for k, v in spec.to_json().items() if k != "format" and k not in _NODE_SETS}
+    data: dict[str, Any] = {
+        "format": "trainwise-agent-task/1", "run_id": spec.run_id,
+        "job": {"name": job.name, "project_dir": project_dir_on_node, "entry": job.entry,
+                "args": list(job.args)},
+        "spec": fields}
+    if gang is not None:
+        data["gang"] = {"nodes": gang.nodes, "procs_per_node": gang.procs_per_node,
+                        "rdzv_endpoint": gang.rdzv_endpoint, "rdzv_id": gang.rdzv_id}
+    return parse_task(data, f"the task of run {spec.run_id!r}", on_node=False)
+
+
+def _read_json(store: LocalObjectStore, key: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(store.get_bytes(key))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@dataclass
+class AgentJobLaunch:
+    """One registered job's run by the node agents of the session's nodes (module doc)."""
+
+    job: JobSpec
+    project_dir: Path
+    session: GangSession
+    spec: RunSpec  # run_id, run_dir (the launcher's record folder), store_root, max_steps, ...
+    boot_timeout_s: float = 900.0  # launch to the agents' first status record
+    segment_timeout_s: float = 86_400.0
+    poll_s: float = 1.0
+    launches: list[dict[str, Any]] = field(default_factory=list)
+    failure: str = ""
+
+    def __post_init__(self) -> None:
+        if self.spec.store_root is None:
+            raise ValueError(f"job {self.job.name!r}: a job on agent nodes needs store_root (a "
+                             "folder every node mounts: the task, checkpoints and telemetry "
+                             "travel through it)")
+        self.store = LocalObjectStore(Path(self.spec.store_root))
+        self.node_dir = node_project_dir(self.project_dir)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.spec.run_dir)
+
+    # -- the run ---------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        self.spec = spec_for_framework(self.job, self.spec)
+        task_for(self.job, self.node_dir, self.spec)  # a bad spec or entry: refused, no node
+        self.session.on_stop = self._tell
+        self.store.delete(task_key(self.spec.run_id))  # an earlier run's task is not this one's
+        status = "interrupted"
+        try:
+            if not self.session.nodes:
+                self.session.start()
+            while True:
+                code = self._launch(len(self.launches))
+                self.store.delete(task_key(self.spec.run_id))  # replacements wait for theirs
+                if code == 0:
+                    status = "completed"
+                    break
+                if code == PREEMPTED_EXIT_CODE:
+                    if not self.session.stop_reason:  # the node heard it before EC2 said so
+                        self.session.reclaims += 1
+                        self.session.stop_reason = ("reclaim: the node's agent answered its "
+                                                    "notice (exit 143)")
+                        self.session.note("notice", self.session.stop_reason,
+                                          launch=len(self.launches) - 1)
+                    if not self.session.replace():
+                        self.failure = self.session.failure
+                        break
+                    continue
+                status = "failed"
+                break
+        finally:
+            record = self.session.close(status)
+        outcome = self._outcome()
+        result = {"job": self.job.name, "entry": self.job.entry, "run_id": self.spec.run_id,
+                  "status": status, "failure": self.failure, "engine": "node_agent",
+                  "segments": self.launches, "reclaims": record.get("reclaims"),
+                  "cost_usd": record.get("cost_usd"),
+                  "steps": int((outcome or {}).get("step") or 0), "outcome": outcome}
+        write_atomic(self.run_dir / RECORD_FILE, (json.dumps(result, indent=1, default=str)
+                                                  + "\n").encode())
+        return result
+
+    def _gang(self, index: int) -> GangSpec | None:
+        nodes = self.session.nodes
+        if len(nodes) == 1:
+            return None
+        address = self.session.provider.node_address(nodes[0])
+        if not address:
+            raise ValueError(f"provider {self.session.provider.name!r} gives no address for "
+                             f"node {nodes[0].node_id}: a gang of {len(nodes)} nodes needs the "
+                             "first node's address for its rendezvous")
+        return GangSpec(len(nodes), 1, f"{address}:{RDZV_PORT}",
+                        f"{self.spec.run_id}-launch-{index}")
+
+    def _launch(self, index: int) -> int:
+        """Writes the task for the nodes held now and follows their agents to the end: 0 (all
+        completed), 143 (a notice answered, or the nodes reclaimed), else the failing code."""
+        starts_prefix = f"{agent_prefix(self.spec.run_id)}/starts"
+        before = self._starts(starts_prefix)
+        nodes = list(self.session.nodes)
+        gang = self._gang(index)
+        put_task(self.store, task_for(self.job, self.node_dir, self.spec, gang))
+        began = time.monotonic()
+        record: dict[str, Any] = {
+            "index": index, "nodes": [f"{n.node_id} ({n.market} in {n.zone})" for n in nodes],
+            "gang": None if gang is None else gang.rdzv_endpoint, "starts": {},
+            "returncode": None, "status": None, "step": None, "stop_reason": ""}
+        self.launches.append(record)
+        clock_running = False
+        code: int | None = None
+        while code is None:
+            statuses = {sid: s for sid, s in self._statuses(starts_prefix, before).items()}
+            record["starts"] = {sid: {"host": s.get("host"), "state": s.get("state"),
+                                      "exit_code": s.get("exit_code"),
+                                      "resumed_from_step": s.get("resumed_from_step"),
+                                      "last_committed_step": s.get("last_committed_step")}
+                                for sid, s in statuses.items()}
+            waited_s = time.monotonic() - began
+            running = [s for s in statuses.values() if s.get("state") == "running"]
+            ended = [s for s in statuses.values()
+                     if s.get("exit_code") is not None or s.get("state") == "refused"]
+            if not clock_running and len(running) + len(ended) >= len(nodes):
+                clock_running = True
+                self.session.resume_clock()
+            if clock_running:
+                self.session.check()
+            code = self._judge(statuses, ended, len(nodes), waited_s)
+            if code is None and waited_s > self.segment_timeout_s:
+                self.failure = (f"job {self.job.name!r} launch {index} ran over "
+                                f"{self.segment_timeout_s:.0f} s")
+                code = 1
+            if code is None:
+                time.sleep(self.poll_s)
+        outcome = self._outcome()
+        record.update(returncode=code, status=(outcome or {}).get("status"),
+                      step=(outcome or {}).get("step"), stop_reason=self.session.stop_reason,
+                      wall_s=round(time.monotonic() - began, 3))
+        return code
+
+    def _judge(self, statuses: dict[str, dict[str, Any]], ended: list[dict[str, Any]],
+               nodes: int, waited_s: float) -> int | None:
+        for status in ended:
+            if status.get("state") in ("refused", "failed"):
+                self.failure = self._agent_failure(status)
+                return int(status.get("exit_code") or 1)
+        if len(ended) >= nodes:
+            if all(s.get("state") == "completed" for s in ended):
+                return 0
+            return PREEMPTED_EXIT_CODE
+        if ended and any(s.get("state") == "preempted" for s in ended):
+            return None  # the gang's other nodes answer the same notice: wait for them
+        if self.session.stop_reason and not self._alive():
+            # Every node is gone (reclaimed or released) and an agent said nothing more: what
+            # the store holds is what the replacement resumes from.
+            return PREEMPTED_EXIT_CODE
+        if not statuses and waited_s > self.boot_timeout_s:
+            self.failure = (f"no node agent of run {self.spec.run_id!r} reported within "
+                            f"{self.boot_timeout_s:.0f} s of the launch (nodes "
+                            f"{', '.join(n.node_id for n in self.session.nodes)}); look at "
+                            f"the node's /var/log/trainwise/agent-{self.spec.run_id}.log and "
+                            "its console output (the AMI must have trainwise installed and "
+                            "mount the store at the same path, docs/agent.md)")
+            return 1
+        return None
+
+    def _alive(self) -> bool:
+        provider = self.session.provider
+        return any(provider.describe(n).state.alive for n in self.session.nodes)
+
+    def _agent_failure(self, status: dict[str, Any]) -> str:
+        prefix = f"{agent_prefix(self.spec.run_id)}/starts/{status.get('start_id')}"
+        try:
+            log = self.store.get_bytes(f"{prefix}/job.log").decode(errors="replace")
+        except OSError:
+            log = "(no job log in the store)"
+        return (f"job {self.job.name!r}: the agent on {status.get('host')} ended "
+                f"{status.get('state')} (exit {status.get('exit_code')}): {status.get('error')}; "
+                f"its job log ends:\n{log[-LOG_TAIL_CHARS:].strip() or '(empty log)'}")
+
+    def _tell(self, nodes: list[Any], reason: str) -> dict[str, Any]:
+        """The node hears its own notice (its metadata service); a stop of ours is a
+        termination of its instance, which its agent answers as a SIGTERM."""
+        return {"what": "the nodes' agents answer their own notice (IMDS, or the SIGTERM of a "
+                        "terminated instance)"}
+
+    # -- the store -------------------------------------------------------------------------------
+    def _starts(self, prefix: str) -> set[str]:
+        return {key.split("/")[-2] for key in self.store.list_keys(prefix)
+                if key.endswith("/status.json")}
+
+    def _statuses(self, prefix: str, before: set[str]) -> dict[str, dict[str, Any]]:
+        found = {}
+        for start in sorted(self._starts(prefix) - before):
+            status = _read_json(self.store, f"{prefix}/{start}/status.json")
+            if status is not None and status.get("format") == STATUS_FORMAT \
+                    and status.get("run_id") == self.spec.run_id:
+                found[start] = status
+        return found
+
+    def _outcome(self) -> dict[str, Any] | None:
+        """Rank 0's outcome of the newest start that wrote one."""
+        prefix = f"{agent_prefix(self.spec.run_id)}/starts"
+        keys = sorted(k for k in self.store.list_keys(prefix)
+                      if k.endswith(f"/outcome-rank{self.spec.rank}.json"))
+        return _read_json(self.store, keys[-1]) if keys else None
+
+
+__all__ = ["AgentJobLaunch", "RDZV_PORT", "node_project_dir", "runs_on_nodes", "task_for"]
