@@ -22,6 +22,7 @@ import boto3
 import pytest
 
 from benchmarks.ec2_boot_double import Ec2BootDouble
+from telemetry.reader import read_run_events
 from tests import servers
 from trainwise import gang
 from trainwise.agent.task import put_task, read_task, task_key
@@ -148,12 +149,17 @@ def test_the_job_runs_on_its_ec2_node_and_a_reclaim_resumes_on_the_replacement(
                          / "status.json").read_text())
     assert status["notice"]["source"] == "ec2 spot/instance-action"
     assert f"resumed True at step {stopped_at}" in _job_log(booted[1])
-    # Nothing trained on the launching machine: its run folder holds only the records and
-    # the provider's own decisions (telemetry rank PROVIDER_RANK).
+    # Nothing trained on the launching machine: its run folder holds no checkpoint.
     run_dir = tmp_path / "runs" / run_id
     assert not (run_dir / "checkpoints").exists()
-    assert [p.name for p in (run_dir / "telemetry" / run_id).iterdir()] == [
-        f"rank{gang.PROVIDER_RANK}"]
+    assert sorted(p.name for p in (run_dir / "telemetry" / run_id).iterdir()) == [
+        "rank0", f"rank{gang.PROVIDER_RANK}"]
+    # The agents' telemetry, copied from the store into the run folder: read as a local run's
+    # (explain, the sensor, MLflow and Prometheus read this folder).
+    events = read_run_events(run_dir / "telemetry" / run_id, rank=0)
+    steps = [e["step"] for e in events if e["type"] == "step"]
+    assert steps == list(range(1, MAX_STEPS + 1))
+    assert [e["status"] for e in events if e["type"] == "run_end"] == ["preempted", "completed"]
     record = json.loads((run_dir / "gang.json").read_text())
     assert record["reclaims"] == 1 and record["replacements"] == 1
     # Nothing billed runs idle: both instances are ended in EC2; the task is gone.

@@ -13,7 +13,9 @@ with the run id, the store and the job name, so each node's user-data starts
    agents wait for it (TRAINWISE_AGENT_TASK_WAIT_S): a node can boot before the task exists.
 3. It follows the agents through the store only (what a launcher on another machine can see):
    each agent start writes `runs/<run_id>/agent/starts/<start_id>/status.json`, its telemetry
-   and its outcome there. The provider's clock runs once every node's agent runs the job; a
+   and its outcome there. The telemetry is copied into the run folder as the agents put it
+   (`trainwise.remote_telemetry`), so `explain`, the sensor, MLflow and Prometheus read a
+   remote run as a local one. The provider's clock runs once every node's agent runs the job; a
    node whose agent reports nothing within `boot_timeout_s` fails the run with the fix (the
    node's `/var/log/trainwise/agent-<run_id>.log` and its console output).
 4. The node learns of its end itself (IMDSv2 spot/instance-action on EC2): its agent has the
@@ -46,8 +48,9 @@ from training.safe_files import write_atomic
 from trainwise import settings
 from trainwise.agent.agent import STATUS_FORMAT, agent_prefix
 from trainwise.agent.task import AgentTask, GangSpec, parse_task, put_task, task_key
-from trainwise.gang import GangSession
+from trainwise.gang import PROVIDER_RANK, GangSession
 from trainwise.object_store import LocalObjectStore
+from trainwise.remote_telemetry import TelemetryMirror
 from trainwise.sdk.run import PREEMPTED_EXIT_CODE
 from trainwise.sdk.spec import RunSpec
 from trainwise.user_jobs import RECORD_FILE, spec_for_framework
@@ -111,6 +114,7 @@ class AgentJobLaunch:
     boot_timeout_s: float = 900.0  # launch to the agents' first status record
     segment_timeout_s: float = 86_400.0
     poll_s: float = 1.0
+    telemetry_every_s: float = 5.0  # how often the agents' telemetry is copied here
     launches: list[dict[str, Any]] = field(default_factory=list)
     failure: str = ""
 
@@ -121,6 +125,8 @@ class AgentJobLaunch:
                              "travel through it)")
         self.store = LocalObjectStore(Path(self.spec.store_root))
         self.node_dir = node_project_dir(self.project_dir)
+        self.mirror = TelemetryMirror(self.store, self.spec.run_id, self.run_dir,
+                                      provider_rank=PROVIDER_RANK)
 
     @property
     def run_dir(self) -> Path:
@@ -195,7 +201,11 @@ class AgentJobLaunch:
         self.launches.append(record)
         clock_running = False
         code: int | None = None
+        next_mirror_s = began
         while code is None:
+            if time.monotonic() >= next_mirror_s:  # explain, the sensor, Prometheus read it
+                next_mirror_s = time.monotonic() + self.telemetry_every_s
+                self.mirror.sync()
             statuses = {sid: s for sid, s in self._statuses(starts_prefix, before).items()}
             record["starts"] = {sid: {"host": s.get("host"), "state": s.get("state"),
                                       "exit_code": s.get("exit_code"),
@@ -218,6 +228,7 @@ class AgentJobLaunch:
                 code = 1
             if code is None:
                 time.sleep(self.poll_s)
+        self.mirror.sync()  # the agents' last copies (they sync once more at their end)
         outcome = self._outcome()
         record.update(returncode=code, status=(outcome or {}).get("status"),
                       step=(outcome or {}).get("step"), stop_reason=self.session.stop_reason,
