@@ -235,3 +235,88 @@ def test_an_agent_waits_for_a_task_written_after_its_boot(tmp_path):
 
     never, log = _agent(tmp_path, "never-written", "0.5")
     assert never.wait(timeout=60) == 2 and "does not exist" in log.read_text()
+
+
+TRAIN_ON_SHARDS = """
+import json, time, torch, trainwise
+torch.set_num_threads(1)
+run = trainwise.init()
+rows = run.dataset("train")
+x = torch.tensor([rows["a"], rows["b"]], dtype=torch.float32).T
+data = torch.utils.data.TensorDataset(x, torch.tensor(rows["y"], dtype=torch.float32)[:, None])
+loader = run.dataloader(data, batch_size=4)
+torch.manual_seed(0)
+model = torch.nn.Linear(2, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+model, optimizer = run.track(model, optimizer)
+while not run.done:
+    for xb, yb in loader:
+        loss = torch.nn.functional.mse_loss(model(xb), yb)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        run.step(loss=loss)
+        time.sleep(0.02)
+        if run.done:
+            break
+run.finish(eval_loss=float(loss.detach()))
+print(json.dumps({"train_rows": len(rows)}))
+"""
+
+
+def test_the_launchpads_job_on_aws_runs_on_the_node_and_is_logged_from_its_telemetry(
+        aws, moto_url, tmp_path, monkeypatch):
+    """The path a user runs: `user_job_run` materialized through Dagster with
+    TRAINWISE_PROVIDER=aws; the job runs on the booted instance (its agent), MLflow gets the
+    train loss from the telemetry the launcher copied back."""
+    import dagster as dg
+    from mlflow.tracking import MlflowClient
+
+    from assets.data import data_shards_asset
+    from assets.partitions import partitions_for
+    from assets.resources import MLflowResource, ObjectStoreResource, StateResource
+    from assets.user_jobs import user_job_defs
+    from trainwise.user_project import load_project_file
+
+    folder = tmp_path / "team"
+    folder.mkdir()
+    (folder / "train.py").write_text(TRAIN_ON_SHARDS)
+    with (folder / "points.jsonl").open("w") as out:
+        for i in range(60):
+            out.write(json.dumps({"pid": f"p{i}", "a": i / 60, "b": (i % 7) / 7,
+                                  "y": 2 * i / 60 - (i % 7) / 7}) + "\n")
+    (folder / "trainwise.toml").write_text(
+        '[datasets.points]\npath = "points.jsonl"\nid_column = "pid"\neval_fraction = 0.2\n\n'
+        '[jobs.fit]\nentry = "train.py"\ndataset = "points"\n')
+    project = load_project_file(folder / "trainwise.toml")
+    monkeypatch.setenv("TRAINWISE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TRAINWISE_INSTANCE_TYPE", INSTANCE)
+    monkeypatch.setenv("TRAINWISE_REGION", REGION)
+    shards = data_shards_asset(partitions_for(project), project.datasets)
+    [asset] = user_job_defs(project, shards)["assets"]
+    mlflow_uri = f"sqlite:///{tmp_path}/mlflow.db"
+    resources = {"state": StateResource(home=str(tmp_path / "home")),
+                 "object_store": ObjectStoreResource(local_root=str(tmp_path / "store")),
+                 "mlflow": MLflowResource(tracking_uri=mlflow_uri)}
+    assert dg.materialize([shards], partition_key="points", resources=resources).success
+    with Ec2BootDouble(moto_url, REGION, tmp_path / "nodes", run_id="fit-aws", env=_node_env(),
+                       agent_env=AGENT_ENV) as double:
+        result = dg.materialize(
+            [shards.to_source_asset(), asset], resources=resources,
+            run_config={"ops": {"user_job_run": {"config": {
+                "job": "fit", "run_id": "fit-aws", "max_steps": 30, "market": "on_demand",
+                "checkpoint_every_steps": 10}}}})
+        [node] = double.booted.values()
+    assert result.success
+    [materialization] = result.asset_materializations_for_node("user_job_run")
+    meta = {k: v.value for k, v in materialization.metadata.items()}
+    assert meta["status"] == "completed" and meta["steps"] == 30 and meta["reclaims"] == 0
+    [launch] = meta["segments"]
+    assert node.instance_id in launch["nodes"][0] and launch["returncode"] == 0
+    # The job ran in the node's folder, on the shards the launching machine materialized.
+    job_log = _job_log(node)
+    assert json.loads(job_log.strip().splitlines()[-1])["train_rows"] > 0
+    logged = MlflowClient(mlflow_uri).get_run(meta["mlflow_run_id"])
+    history = MlflowClient(mlflow_uri).get_metric_history(logged.info.run_id, "losses/train")
+    assert sorted(m.step for m in history) == list(range(1, 31))
+    assert logged.data.metrics["cost/bill_usd"] == pytest.approx(meta["cost_usd"])
