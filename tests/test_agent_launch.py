@@ -5,7 +5,7 @@ cloud-init would (its node paths in a temporary folder, its own IMDSv2 double). 
 (`trainwise.agent_launch.AgentJobLaunch`) writes the task, follows the agents through the store
 only, answers a spot reclaim (the notice through the node's metadata, then EC2 terminating the
 instance) with a replacement that resumes from the store, and fails a run whose agent refused
-its task with the agent's reason.
+its task with the agent's reason; the Launchpad's asset takes this path on aws.
 """
 
 from __future__ import annotations
