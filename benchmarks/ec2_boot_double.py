@@ -14,7 +14,12 @@ What EC2 does to a node, the double does to the processes it started:
   `notice_s` ahead, and after `notice_s` the double terminates the instance in EC2 (the spot
   market taking it back: not the launcher's call).
 
-It stands for the boot only: every node shares this machine's disk, network and store folder.
+With `cluster` (a `benchmarks.netns_cluster.Cluster`), each instance boots in a host of its
+own: a network namespace at the instance's private IPv4 (so a gang's rendezvous at the first
+node's address is reached over the bridge), its metadata double served on the cluster's
+gateway, `meta-data/local-ipv4` answering the instance's address. Without it every node shares
+this machine's network. Either way the nodes share its disk, standing for the store folder
+every node mounts.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks import netns_cluster as netns
 from benchmarks.imds_double import ImdsDouble
 
 NODE_HOME, LOG_DIR, ENV_FILE = "/var/lib/trainwise", "/var/log/trainwise", "/etc/trainwise/agent.env"
@@ -45,6 +51,7 @@ class BootedNode:
     process: subprocess.Popen
     ended_at: float | None = None
     children: list[int] = field(default_factory=list)
+    host: Any = None  # its netns host, with a cluster
 
     @property
     def log(self) -> str:
@@ -56,7 +63,8 @@ class Ec2BootDouble:
     def __init__(self, endpoint_url: str, region: str, root: Path, *,
                  run_id: str | None = None, env: dict[str, str] | None = None,
                  agent_env: dict[str, str] | None = None, poll_s: float = 0.2,
-                 grace_s: float = 30.0) -> None:
+                 grace_s: float = 30.0, cluster: Any = None, gateway: str = "",
+                 prefix: int = 24) -> None:
         import boto3
 
         self.client = boto3.client("ec2", endpoint_url=endpoint_url, region_name=region)
@@ -65,6 +73,8 @@ class Ec2BootDouble:
         self.env = dict(os.environ if env is None else env)
         self.agent_env = dict(agent_env or {})
         self.poll_s, self.grace_s = poll_s, grace_s
+        self.cluster, self.prefix = cluster, prefix
+        self.gateway = cluster.gateway(gateway or None, prefix) if cluster is not None else ""
         self.booted: dict[str, BootedNode] = {}
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -115,22 +125,22 @@ class Ec2BootDouble:
         with contextlib.suppress(Exception):
             self.client.terminate_instances(InstanceIds=[instance_id])
 
-    def _instances(self) -> dict[str, str]:
+    def _instances(self) -> dict[str, tuple[str, str]]:
         filters = [{"Name": "tag-key", "Values": ["trainwise:node"]}]
         if self.run_id is not None:
             filters.append({"Name": "tag:trainwise:run", "Values": [self.run_id]})
         answer = self.client.describe_instances(Filters=filters)
-        return {i["InstanceId"]: i["State"]["Name"] for r in answer["Reservations"]
-                for i in r["Instances"]}
+        return {i["InstanceId"]: (i["State"]["Name"], i.get("PrivateIpAddress", ""))
+                for r in answer["Reservations"] for i in r["Instances"]}
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
                 states = self._instances()
-                for instance_id, state in states.items():
+                for instance_id, (state, address) in states.items():
                     node = self.booted.get(instance_id)
                     if node is None and state == "running":
-                        self._boot(instance_id)
+                        self._boot(instance_id, address)
                     elif node is not None and state != "running" and node.ended_at is None:
                         self._shutdown(node)
                 for node in list(self.booted.values()):
@@ -147,15 +157,17 @@ class Ec2BootDouble:
         value = answer.get("UserData", {}).get("Value")
         return base64.b64decode(value).decode() if value else ""
 
-    def _boot(self, instance_id: str) -> None:
+    def _boot(self, instance_id: str, address: str) -> None:
         script = self._user_data(instance_id)
         folder = self.root / instance_id
         folder.mkdir(parents=True, exist_ok=True)
-        imds = ImdsDouble()
+        host = self.cluster.add_host(address, self.prefix) if self.cluster is not None else None
+        imds = ImdsDouble(self.gateway or "127.0.0.1")
+        imds.local_ipv4 = address or None
         imds.__enter__()
         if not script:  # a bare node: nothing to run
             self.booted[instance_id] = BootedNode(instance_id, folder, imds, subprocess.Popen(
-                ["true"]))
+                ["true"]), host=host)
             return
         env_file = folder / "agent.env"
         env_file.write_text("".join(f"{k}={shlex.quote(v)}\n" for k, v in {
@@ -165,11 +177,13 @@ class Ec2BootDouble:
                  .replace("exec python3 ", f"exec {shlex.quote(sys.executable)} "))
         (folder / "user-data.sh").write_text(moved)
         with open(folder / "cloud-init.log", "wb") as output:
-            process = subprocess.Popen(["bash", str(folder / "user-data.sh")], env=self.env,
+            command = ["bash", str(folder / "user-data.sh")]
+            process = subprocess.Popen(host.argv(command) if host is not None else command,
+                                       env=self.env,
                                        cwd=folder, stdout=output, stderr=subprocess.STDOUT,
                                        start_new_session=True)
         with self._lock:
-            self.booted[instance_id] = BootedNode(instance_id, folder, imds, process)
+            self.booted[instance_id] = BootedNode(instance_id, folder, imds, process, host=host)
 
     def _descendants(self, pid: int) -> list[int]:
         import psutil
@@ -186,7 +200,9 @@ class Ec2BootDouble:
             os.kill(node.process.pid, signal.SIGTERM)
 
     def _kill(self, node: BootedNode) -> None:
-        for pid in [node.process.pid, *node.children, *self._descendants(node.process.pid)]:
+        in_host = netns.pids(node.host) if node.host is not None else []
+        for pid in [node.process.pid, *node.children, *self._descendants(node.process.pid),
+                    *in_host]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -39,6 +39,7 @@ class ImdsDouble:
         self.rebalance: dict[str, Any] | None = None
         self.gcp_preempted = False
         self.azure_events: list[dict[str, Any]] = []
+        self.local_ipv4: str | None = None  # meta-data/local-ipv4, when set
         self.requests: list[tuple[str, str, int]] = []
         self._lock = threading.Lock()
         double = self
@@ -80,6 +81,8 @@ class ImdsDouble:
                             return self._answer(404, "Not Found")
                         return self._answer(200, json.dumps(double.spot_action),
                                             "application/json")
+                    if path == "/latest/meta-data/local-ipv4" and double.local_ipv4:
+                        return self._answer(200, double.local_ipv4)
                     if path == "/latest/meta-data/events/recommendations/rebalance":
                         if double.rebalance is None:
                             return self._answer(404, "Not Found")

@@ -69,7 +69,7 @@ class Cluster:
     hosts: list[Host] = field(default_factory=list)
     _links: list[str] = field(default_factory=list)
     _up: bool = False
-    _gateway: bool = False
+    _gateway: str = ""  # the bridge's address, once set
 
     @property
     def bridge(self) -> str:
@@ -81,31 +81,33 @@ class Cluster:
             _ip("link", "set", self.bridge, "up")
             self._up = True
 
-    def add_host(self) -> Host:
-        """A new host on the bridge, with the next address."""
+    def add_host(self, addr: str | None = None, prefix: int = 24) -> Host:
+        """A new host on the bridge, with the next address (or `addr`/`prefix`: a cloud's
+        private address for the instance the host stands for)."""
         self._ensure_bridge()
         index = len(self.hosts) + 1
-        host = Host(f"tw{self.tag}h{index}", f"10.77.{int(self.tag) % 250}.{index}")
+        host = Host(f"tw{self.tag}h{index}", addr or f"10.77.{int(self.tag) % 250}.{index}")
         link = f"twv{self.tag}{index}"[:15]
         _ip("netns", "add", host.name)
         self.hosts.append(host)
         _ip("link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", host.name)
         self._links.append(link)
         _ip("link", "set", link, "master", self.bridge, "up")
-        _ip("-n", host.name, "addr", "add", f"{host.addr}/24", "dev", "eth0")
+        _ip("-n", host.name, "addr", "add", f"{host.addr}/{prefix}", "dev", "eth0")
         _ip("-n", host.name, "link", "set", "eth0", "up")
         _ip("-n", host.name, "link", "set", "lo", "up")
         return host
 
-    def gateway(self) -> str:
-        """An address of this machine's root namespace on the bridge (10.X.Y.254), where the
-        hosts reach services the test runs here (a metadata double); set once."""
+    def gateway(self, address: str | None = None, prefix: int = 24) -> str:
+        """An address of this machine's root namespace on the bridge (10.X.Y.254, or
+        `address`/`prefix` on the hosts' subnet), where the hosts reach services the test runs
+        here (a metadata double); set once."""
         self._ensure_bridge()
-        address = f"10.77.{int(self.tag) % 250}.254"
+        address = address or f"10.77.{int(self.tag) % 250}.254"
         if not self._gateway:
-            _ip("addr", "add", f"{address}/24", "dev", self.bridge)
-            self._gateway = True
-        return address
+            _ip("addr", "add", f"{address}/{prefix}", "dev", self.bridge)
+            self._gateway = address
+        return self._gateway
 
     def cut(self, host: Host) -> None:
         """Pull the host's cable: its link goes down (its processes live on, unreachable)."""
@@ -116,4 +118,4 @@ class Cluster:
             subprocess.run(["ip", "netns", "del", host.name], capture_output=True, timeout=30)
         if self._up:
             subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=30)
-        self.hosts, self._links, self._up, self._gateway = [], [], False, False
+        self.hosts, self._links, self._up, self._gateway = [], [], False, ""

@@ -10,6 +10,7 @@ its task with the agent's reason; the Launchpad's asset takes this path on aws.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 import boto3
 import pytest
 
+from benchmarks import netns_cluster as netns
 from benchmarks.ec2_boot_double import Ec2BootDouble
 from telemetry.reader import read_run_events
 from tests import servers
@@ -33,6 +35,7 @@ from trainwise.user_project import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "plain_loop"
+DDP_EXAMPLE = ROOT / "examples" / "ddp_loop"
 REGION, ZONE, INSTANCE = "us-east-1", "us-east-1a", "p3.2xlarge"
 MAX_STEPS = 40
 STATE_KEY = "c4" * 32  # the deployment's key: every node gets it from the AMI's env file
@@ -78,7 +81,8 @@ AGENT_ENV = {"TRAINWISE_STATE_KEY": STATE_KEY, "TRAINWISE_AGENT_POLL_S": "0.2",
              "TRAINWISE_AGENT_TELEMETRY_EVERY_S": "1", "TRAINWISE_AGENT_NOTICE_MARGIN_S": "5"}
 
 
-def _launch(tmp_path: Path, run_id: str, job: JobSpec, nodes: int = 1) -> AgentJobLaunch:
+def _launch(tmp_path: Path, run_id: str, job: JobSpec, nodes: int = 1,
+            project_dir: Path = EXAMPLE) -> AgentJobLaunch:
     store, run_dir = tmp_path / "store", tmp_path / "runs" / run_id
     provider = gang.provider_for_run(INSTANCE, REGION, run_id=run_id, store_root=str(store),
                                      job=job.name)
@@ -87,7 +91,7 @@ def _launch(tmp_path: Path, run_id: str, job: JobSpec, nodes: int = 1) -> AgentJ
                                INSTANCE, run_dir, run_id, region=REGION)
     spec = RunSpec(run_id=run_id, run_dir=str(run_dir), max_steps=MAX_STEPS, seed=0,
                    checkpoint_every_steps=10, store_root=str(store))
-    return AgentJobLaunch(job, EXAMPLE, session, spec, boot_timeout_s=120.0, poll_s=0.2,
+    return AgentJobLaunch(job, project_dir, session, spec, boot_timeout_s=120.0, poll_s=0.2,
                           segment_timeout_s=TIMEOUT_S)
 
 
@@ -207,6 +211,76 @@ def test_a_gangs_task_names_the_first_nodes_private_address(aws, tmp_path):
         assert "store_root" not in task.spec and "run_dir" not in task.spec
     finally:
         launch.session.close("test over")
+
+
+@pytest.fixture
+def cluster():
+    why = netns.unavailable()
+    if why:
+        pytest.skip(f"no network-namespace cluster here: {why}")
+    built = netns.Cluster()
+    try:
+        yield built
+    finally:
+        built.close()
+
+
+def test_a_gang_on_aws_trains_across_its_instances_and_is_relaunched_after_a_reclaim(
+        aws, moto_url, tmp_path, monkeypatch, cluster):
+    """Three instances in one subnet, each booted in a network namespace at its private IPv4:
+    the launcher's task puts the gang's rendezvous at the first instance's address, each agent
+    learns its own from IMDSv2's local-ipv4, and torchrun trains across them over the bridge.
+    A reclaim of the second instance stops every rank at one committed step; the launcher
+    relaunches the gang on three new instances, which resume from the store."""
+    vpc = aws.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+    subnet = aws.create_subnet(VpcId=vpc, CidrBlock="10.9.0.0/16",
+                               AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
+    monkeypatch.setenv("TRAINWISE_EC2_SUBNET_IDS", subnet)
+    run_id, steps = "nodes-gang-run", 16
+    job = JobSpec("ddp-blobs", "train.py", "script", DDP_EXAMPLE / "train.py", "blobs",
+                  ("--max-steps", str(steps), "--checkpoint-every-steps", "4",
+                   "--step-sleep-s", "0.3"))
+    launch = _launch(tmp_path, run_id, job, nodes=3, project_dir=DDP_EXAMPLE)
+    launch.spec = dataclasses.replace(launch.spec, max_steps=steps, checkpoint_every_steps=4,
+                                      collective_timeout_s=30.0)
+    with Ec2BootDouble(moto_url, REGION, tmp_path / "nodes", run_id=run_id, env=_node_env(),
+                       agent_env={**AGENT_ENV, "GLOO_SOCKET_IFNAME": "eth0"}, cluster=cluster,
+                       gateway="10.9.255.254", prefix=16) as double:
+        thread, box = _in_thread(launch)
+        first_gang = double.wait_booted(3, timeout_s=120)
+        deadline = time.monotonic() + TIMEOUT_S
+        while not any("step 5\n" in _job_log(node) for node in first_gang):
+            assert time.monotonic() < deadline and thread.is_alive(), (
+                box, [n.log[-1500:] + _job_log(n)[-1500:] for n in first_gang])
+            time.sleep(0.2)
+        double.reclaim(first_gang[1].instance_id, notice_s=30.0)
+        thread.join(TIMEOUT_S * 2)
+        assert not thread.is_alive(), "the launch did not end"
+        assert double.errors == []
+        booted = list(double.booted.values())
+    assert "error" not in box, box.get("error")
+    result = box["result"]
+    assert result["status"] == "completed", (
+        result["failure"], [n.log[-1500:] + _job_log(n)[-1500:] for n in booted])
+    first, second = result["segments"]
+    assert first["returncode"] == 143 and second["returncode"] == 0
+    assert len(first["starts"]) == len(second["starts"]) == 3
+    stopped = {s["last_committed_step"] for s in first["starts"].values()}
+    assert len(stopped) == 1 and next(iter(stopped)) >= 5  # every rank at one step
+    assert {s["resumed_from_step"] for s in second["starts"].values()} == stopped
+    assert {s["state"] for s in second["starts"].values()} == {"completed"}
+    # Each launch's rendezvous was its first instance's private address; every host learned
+    # its own address from the metadata service.
+    addresses = {n.instance_id: n.host.addr for n in booted}
+    assert len(booted) == 6
+    for segment in (first, second):
+        head = segment["nodes"][0].split()[0]
+        assert segment["gang"] == f"{addresses[head]}:29400"
+    for node in booted:
+        status = json.loads(next((node.folder / "home" / "agent_runs").glob(
+            "*/agent/status.json")).read_text())
+        assert status["node_addr"] == node.host.addr
+    assert json.loads((tmp_path / "runs" / run_id / "gang.json").read_text())["reclaims"] == 1
 
 
 def _agent(tmp_path: Path, run_id: str, wait_s: str) -> tuple[subprocess.Popen, Path]:

@@ -137,7 +137,8 @@ class NodeAgent:
         self.start_prefix = f"{agent_prefix(run_id)}/starts/{self.start_id}"
         self.status: dict[str, Any] = {
             "format": STATUS_FORMAT, "run_id": run_id, "start_id": self.start_id,
-            "host": socket.gethostname(), "state": "starting", "started_at": _iso(time.time()),
+            "host": socket.gethostname(), "node_addr": self.node_addr, "state": "starting",
+            "started_at": _iso(time.time()),
             "ended_at": None, "watching": None, "metadata": None, "metadata_warning": None,
             "job": None, "resumed_from_step": None, "notice": None, "events": [],
             "sigterm_sent_at": None, "killed_at": None, "exit_code": None,
@@ -201,6 +202,9 @@ class NodeAgent:
         self.status.update(watching=choice.describe, metadata={"cloud": choice.cloud,
                                                                 "url": choice.url},
                            metadata_warning=choice.warning)
+        if task.gang is not None and self.node_addr is None:
+            self.node_addr = self._address_from_metadata(choice)
+        self.status["node_addr"] = self.node_addr
         try:
             self.agent_dir.mkdir(parents=True, exist_ok=True)
             self.notice_file.unlink(missing_ok=True)  # a stale one from an earlier start
@@ -227,6 +231,23 @@ class NodeAgent:
                 signal.signal(sig, handler)
         self._finish(code, checkpoint_prefix)
         return code
+
+    @staticmethod
+    def _address_from_metadata(choice: WatchChoice) -> str | None:
+        """A gang host's address when TRAINWISE_AGENT_NODE_ADDR is not set: on EC2 the
+        instance's private IPv4 from IMDSv2 (what the launcher named as the rendezvous host,
+        so this node knows whether it hosts the store); elsewhere torchrun's guess."""
+        local_ipv4 = getattr(choice.watcher, "local_ipv4", None)
+        if local_ipv4 is None:
+            return None
+        try:
+            address = local_ipv4()
+        except MetadataUnreachableError as error:
+            LOG.warning("no local-ipv4 from %s (%s): torchrun guesses this host's address from "
+                        "its hostname; set TRAINWISE_AGENT_NODE_ADDR", choice.url, error)
+            return None
+        LOG.info("this host's address for the gang: %s (from the metadata service)", address)
+        return address
 
     def _wait_for_task(self) -> None:
         """A node can boot before its launcher has written the task (a gang's task names the

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import urllib.error
 import urllib.request
@@ -47,6 +48,10 @@ EC2_TOKEN_REFRESH_S = 3600.0  # a fresh token well before the old one lapses
 AZURE_API_VERSION = "2020-07-01"
 MAX_BODY_BYTES = 64 * 1024
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+_IPV4 = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.){3}"
+                   r"(?:25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])")
 
 
 class MetadataUnreachableError(RuntimeError):
@@ -140,6 +145,7 @@ class Ec2Watcher(_Watcher):
     cloud = "ec2"
     ACTION_PATH = "/latest/meta-data/spot/instance-action"
     REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
+    LOCAL_IPV4_PATH = "/latest/meta-data/local-ipv4"
 
     def __init__(self, base_url: str, *, clock: Any = time.time) -> None:
         super().__init__(base_url, clock=clock)
@@ -172,6 +178,13 @@ class Ec2Watcher(_Watcher):
 
     def probe(self) -> None:
         self._fetch_token(PROBE_TIMEOUT_S)
+
+    def local_ipv4(self) -> str | None:
+        """The instance's private IPv4 (`meta-data/local-ipv4`): the address the other hosts
+        of a gang reach it at. None when the service gives none or not an address."""
+        status, body = self._get(self.LOCAL_IPV4_PATH)
+        text = body.decode(errors="replace").strip()
+        return text if status == 200 and _IPV4.fullmatch(text) else None
 
     def poll(self) -> Notice | None:
         status, body = self._get(self.ACTION_PATH)
