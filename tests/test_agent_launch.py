@@ -30,6 +30,7 @@ from trainwise import gang
 from trainwise.agent.task import put_task, read_task, task_key
 from trainwise.agent_launch import AgentJobLaunch, runs_on_nodes, task_for
 from trainwise.object_store import LocalObjectStore
+from trainwise.orphan_nodes import run_states
 from trainwise.sdk.spec import RunSpec
 from trainwise.user_project import JobSpec
 
@@ -128,6 +129,10 @@ def test_the_job_runs_on_its_ec2_node_and_a_reclaim_resumes_on_the_replacement(
             assert time.monotonic() < deadline and thread.is_alive(), (
                 box, first.log[-2000:], _job_log(first)[-2000:])
             time.sleep(0.1)
+        # The launcher holds the run folder: the orphan sensor keeps the node however old
+        # gang.json is (an hour from now here).
+        states = run_states(tmp_path, time.time() + 3600.0)
+        assert states[run_id].live and "holds the run" in states[run_id].why
         double.reclaim(first.instance_id, notice_s=20.0)
         thread.join(TIMEOUT_S)
         assert not thread.is_alive(), "the launch did not end"

@@ -44,6 +44,7 @@ from typing import Any
 
 from cloud.providers import provider_class
 from cloud.providers import provider_name as cloud_provider_name
+from training.run_lock import RunFolderLock
 from training.safe_files import write_atomic
 from trainwise import settings
 from trainwise.agent.agent import STATUS_FORMAT, agent_prefix
@@ -134,6 +135,14 @@ class AgentJobLaunch:
 
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        """Holds the run folder while it follows the nodes, as a local trainer does: the
+        orphan-node sensor keeps a run's nodes while a process holds its folder
+        (`trainwise.orphan_nodes`), and a second launch of the same run is refused."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with RunFolderLock(self.run_dir):
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         self.spec = spec_for_framework(self.job, self.spec)
         task_for(self.job, self.node_dir, self.spec)  # a bad spec or entry: refused, no node
         self.session.on_stop = self._tell
