@@ -64,7 +64,7 @@ class Ec2BootDouble:
                  run_id: str | None = None, env: dict[str, str] | None = None,
                  agent_env: dict[str, str] | None = None, poll_s: float = 0.2,
                  grace_s: float = 30.0, cluster: Any = None, gateway: str = "",
-                 prefix: int = 24) -> None:
+                 prefix: int = 24, broken_boots: tuple[int, ...] = ()) -> None:
         import boto3
 
         self.client = boto3.client("ec2", endpoint_url=endpoint_url, region_name=region)
@@ -74,6 +74,9 @@ class Ec2BootDouble:
         self.agent_env = dict(agent_env or {})
         self.poll_s, self.grace_s = poll_s, grace_s
         self.cluster, self.prefix = cluster, prefix
+        # The boots (0 = the first instance booted) whose user-data fails at once, as on an
+        # AMI without the agent: the instance runs, billed, and nothing reports.
+        self.broken_boots = set(broken_boots)
         self.gateway = cluster.gateway(gateway or None, prefix) if cluster is not None else ""
         self.booted: dict[str, BootedNode] = {}
         self.errors: list[str] = []
@@ -164,7 +167,10 @@ class Ec2BootDouble:
         host = self.cluster.add_host(address, self.prefix) if self.cluster is not None else None
         imds = ImdsDouble(self.gateway or "127.0.0.1")
         imds.local_ipv4 = address or None
+        imds.instance_id = instance_id
         imds.__enter__()
+        if len(self.booted) in self.broken_boots:
+            script = "#!/bin/bash\necho 'python3: No module named trainwise.agent' >&2\nexit 1\n"
         if not script:  # a bare node: nothing to run
             self.booted[instance_id] = BootedNode(instance_id, folder, imds, subprocess.Popen(
                 ["true"]), host=host)

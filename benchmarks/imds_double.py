@@ -40,6 +40,7 @@ class ImdsDouble:
         self.gcp_preempted = False
         self.azure_events: list[dict[str, Any]] = []
         self.local_ipv4: str | None = None  # meta-data/local-ipv4, when set
+        self.instance_id: str | None = None  # meta-data/instance-id, when set
         self.requests: list[tuple[str, str, int]] = []
         self._lock = threading.Lock()
         double = self
@@ -83,6 +84,8 @@ class ImdsDouble:
                                             "application/json")
                     if path == "/latest/meta-data/local-ipv4" and double.local_ipv4:
                         return self._answer(200, double.local_ipv4)
+                    if path == "/latest/meta-data/instance-id" and double.instance_id:
+                        return self._answer(200, double.instance_id)
                     if path == "/latest/meta-data/events/recommendations/rebalance":
                         if double.rebalance is None:
                             return self._answer(404, "Not Found")

@@ -288,6 +288,36 @@ def test_a_gang_on_aws_trains_across_its_instances_and_is_relaunched_after_a_rec
     assert json.loads((tmp_path / "runs" / run_id / "gang.json").read_text())["reclaims"] == 1
 
 
+def test_a_host_whose_boot_fails_is_named_and_nothing_is_left_running(
+        aws, moto_url, tmp_path, monkeypatch, cluster):
+    """A 2-instance gang whose second instance's user-data fails (the AMI has no agent): the
+    first host waits for it to join until the rendezvous times out, and the run fails naming
+    the instance that never reported; both instances are terminated."""
+    vpc = aws.create_vpc(CidrBlock="10.8.0.0/16")["Vpc"]["VpcId"]
+    subnet = aws.create_subnet(VpcId=vpc, CidrBlock="10.8.0.0/16",
+                               AvailabilityZone=ZONE)["Subnet"]["SubnetId"]
+    monkeypatch.setenv("TRAINWISE_EC2_SUBNET_IDS", subnet)
+    run_id = "nodes-gang-broken"
+    job = JobSpec("ddp-blobs", "train.py", "script", DDP_EXAMPLE / "train.py", "blobs",
+                  ("--max-steps", "8"))
+    launch = _launch(tmp_path, run_id, job, nodes=2, project_dir=DDP_EXAMPLE)
+    launch.join_timeout_s = 15.0
+    with Ec2BootDouble(moto_url, REGION, tmp_path / "nodes", run_id=run_id, env=_node_env(),
+                       agent_env={**AGENT_ENV, "GLOO_SOCKET_IFNAME": "eth0"}, cluster=cluster,
+                       gateway="10.8.255.254", prefix=16, broken_boots=(1,)) as double:
+        result = launch.run()
+        booted = list(double.booted.values())
+    assert result["status"] == "failed"
+    broken = booted[1].instance_id
+    assert f"no agent reported from node(s) {broken}" in result["failure"]
+    assert booted[0].instance_id not in result["failure"].split("no agent reported")[1]
+    [start] = result["segments"][0]["starts"].values()
+    assert start["state"] == "failed"
+    states = {i["InstanceId"]: i["State"]["Name"] for r in aws.describe_instances(
+        InstanceIds=[n.instance_id for n in booted])["Reservations"] for i in r["Instances"]}
+    assert set(states.values()) <= {"shutting-down", "terminated"}, states
+
+
 def _agent(tmp_path: Path, run_id: str, wait_s: str) -> tuple[subprocess.Popen, Path]:
     env = {**_node_env(), **AGENT_ENV, "TRAINWISE_AGENT_TASK_WAIT_S": wait_s,
            "TRAINWISE_HOME": str(tmp_path / "home")}

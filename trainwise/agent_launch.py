@@ -93,6 +93,8 @@ def task_for(job: JobSpec, project_dir_on_node: str, spec: RunSpec,
     if gang is not None:
         data["gang"] = {"nodes": gang.nodes, "procs_per_node": gang.procs_per_node,
                         "rdzv_endpoint": gang.rdzv_endpoint, "rdzv_id": gang.rdzv_id}
+        if gang.join_timeout_s is not None:
+            data["gang"]["join_timeout_s"] = gang.join_timeout_s
     return parse_task(data, f"the task of run {spec.run_id!r}", on_node=False)
 
 
@@ -116,6 +118,7 @@ class AgentJobLaunch:
     segment_timeout_s: float = 86_400.0
     poll_s: float = 1.0
     telemetry_every_s: float = 5.0  # how often the agents' telemetry is copied here
+    join_timeout_s: float = 600.0  # a gang's hosts wait this long for all to join (torchrun's)
     launches: list[dict[str, Any]] = field(default_factory=list)
     failure: str = ""
 
@@ -192,7 +195,7 @@ class AgentJobLaunch:
                              f"node {nodes[0].node_id}: a gang of {len(nodes)} nodes needs the "
                              "first node's address for its rendezvous")
         return GangSpec(len(nodes), 1, f"{address}:{RDZV_PORT}",
-                        f"{self.spec.run_id}-launch-{index}")
+                        f"{self.spec.run_id}-launch-{index}", int(self.join_timeout_s))
 
     def _launch(self, index: int) -> int:
         """Writes the task for the nodes held now and follows their agents to the end: 0 (all
@@ -248,7 +251,7 @@ class AgentJobLaunch:
                nodes: int, waited_s: float) -> int | None:
         for status in ended:
             if status.get("state") in ("refused", "failed"):
-                self.failure = self._agent_failure(status)
+                self.failure = self._agent_failure(status) + self._missing(statuses)
                 return int(status.get("exit_code") or 1)
         if len(ended) >= nodes:
             if all(s.get("state") == "completed" for s in ended):
@@ -260,15 +263,26 @@ class AgentJobLaunch:
             # Every node is gone (reclaimed or released) and an agent said nothing more: what
             # the store holds is what the replacement resumes from.
             return PREEMPTED_EXIT_CODE
-        if not statuses and waited_s > self.boot_timeout_s:
-            self.failure = (f"no node agent of run {self.spec.run_id!r} reported within "
-                            f"{self.boot_timeout_s:.0f} s of the launch (nodes "
-                            f"{', '.join(n.node_id for n in self.session.nodes)}); look at "
-                            f"the node's /var/log/trainwise/agent-{self.spec.run_id}.log and "
-                            "its console output (the AMI must have trainwise installed and "
-                            "mount the store at the same path, docs/agent.md)")
+        if len(statuses) < nodes and waited_s > self.boot_timeout_s:
+            self.failure = (f"{nodes - len(statuses)} of {nodes} node agents of run "
+                            f"{self.spec.run_id!r} did not report within "
+                            f"{self.boot_timeout_s:.0f} s of the launch"
+                            + self._missing(statuses))
             return 1
         return None
+
+    def _missing(self, statuses: dict[str, dict[str, Any]]) -> str:
+        """The nodes of this launch whose agent never reported (the agent records its EC2
+        instance id), with where to look; "" when every node's did."""
+        reported = {s.get("instance_id") for s in statuses.values()}
+        missing = [n.node_id for n in self.session.nodes if n.node_id not in reported]
+        if not missing or len(statuses) >= len(self.session.nodes):
+            return ""
+        return (f"; no agent reported from node(s) {', '.join(missing)}: their user-data or "
+                f"agent did not start (a gang's other hosts wait for them to join), see the "
+                f"node's /var/log/trainwise/agent-{self.spec.run_id}.log and its console "
+                "output (the AMI must have trainwise installed and mount the store at the "
+                "same path, docs/agent.md)")
 
     def _alive(self) -> bool:
         provider = self.session.provider

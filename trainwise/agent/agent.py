@@ -137,7 +137,8 @@ class NodeAgent:
         self.start_prefix = f"{agent_prefix(run_id)}/starts/{self.start_id}"
         self.status: dict[str, Any] = {
             "format": STATUS_FORMAT, "run_id": run_id, "start_id": self.start_id,
-            "host": socket.gethostname(), "node_addr": self.node_addr, "state": "starting",
+            "host": socket.gethostname(), "node_addr": self.node_addr, "instance_id": None,
+            "state": "starting",
             "started_at": _iso(time.time()),
             "ended_at": None, "watching": None, "metadata": None, "metadata_warning": None,
             "job": None, "resumed_from_step": None, "notice": None, "events": [],
@@ -205,6 +206,7 @@ class NodeAgent:
         if task.gang is not None and self.node_addr is None:
             self.node_addr = self._address_from_metadata(choice)
         self.status["node_addr"] = self.node_addr
+        self.status["instance_id"] = self._instance_id(choice)
         try:
             self.agent_dir.mkdir(parents=True, exist_ok=True)
             self.notice_file.unlink(missing_ok=True)  # a stale one from an earlier start
@@ -248,6 +250,18 @@ class NodeAgent:
             return None
         LOG.info("this host's address for the gang: %s (from the metadata service)", address)
         return address
+
+    @staticmethod
+    def _instance_id(choice: WatchChoice) -> str | None:
+        """EC2's id of this node (for the launcher, which names the nodes whose agent never
+        reported); None elsewhere or when the metadata service does not say."""
+        instance_id = getattr(choice.watcher, "instance_id", None)
+        if instance_id is None:
+            return None
+        try:
+            return instance_id()
+        except MetadataUnreachableError:
+            return None
 
     def _wait_for_task(self) -> None:
         """A node can boot before its launcher has written the task (a gang's task names the

@@ -54,6 +54,9 @@ _IPV4 = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.){3}"
                    r"(?:25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])")
 
 
+_INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,32}")
+
+
 class MetadataUnreachableError(RuntimeError):
     """The metadata endpoint did not answer (or refused us); the message names it."""
 
@@ -146,6 +149,7 @@ class Ec2Watcher(_Watcher):
     ACTION_PATH = "/latest/meta-data/spot/instance-action"
     REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
     LOCAL_IPV4_PATH = "/latest/meta-data/local-ipv4"
+    INSTANCE_ID_PATH = "/latest/meta-data/instance-id"
 
     def __init__(self, base_url: str, *, clock: Any = time.time) -> None:
         super().__init__(base_url, clock=clock)
@@ -185,6 +189,13 @@ class Ec2Watcher(_Watcher):
         status, body = self._get(self.LOCAL_IPV4_PATH)
         text = body.decode(errors="replace").strip()
         return text if status == 200 and _IPV4.fullmatch(text) else None
+
+    def instance_id(self) -> str | None:
+        """The instance's id (`meta-data/instance-id`), so the launcher can tell which of its
+        nodes this agent runs on; None when the service gives none."""
+        status, body = self._get(self.INSTANCE_ID_PATH)
+        text = body.decode(errors="replace").strip()
+        return text if status == 200 and _INSTANCE_ID.fullmatch(text) else None
 
     def poll(self) -> Notice | None:
         status, body = self._get(self.ACTION_PATH)

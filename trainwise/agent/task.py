@@ -40,7 +40,9 @@ TASK_LIMIT_BYTES = 1 << 20
 MAX_ARGS = 256
 MAX_ARG_CHARS = 4096
 _TOP_KEYS = {"format": str, "run_id": str, "job": dict, "spec": dict, "gang": dict}
-_GANG_KEYS = {"nodes": int, "procs_per_node": int, "rdzv_endpoint": str, "rdzv_id": str}
+_GANG_KEYS = {"nodes": int, "procs_per_node": int, "rdzv_endpoint": str, "rdzv_id": str,
+              "join_timeout_s": int}
+MAX_JOIN_TIMEOUT_S = 86_400
 MAX_GANG_NODES, MAX_PROCS_PER_NODE = 1024, 64
 # host:port, the host a DNS name or an IPv4 address (no shell metacharacters reach torchrun's
 # argv anyway: it is a list, but a value that is not an endpoint is refused by name here).
@@ -68,6 +70,9 @@ class GangSpec:
     procs_per_node: int
     rdzv_endpoint: str
     rdzv_id: str
+    # How long the hosts wait for all of them to join (torchrun's join_timeout, 600 s unless
+    # given): a host whose boot failed ends the others' wait, and the launcher names it.
+    join_timeout_s: int | None = None
 
     @property
     def host(self) -> str:
@@ -81,9 +86,15 @@ class GangSpec:
                 "--nproc-per-node", str(self.procs_per_node), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", self.rdzv_endpoint, "--rdzv-id", self.rdzv_id,
                 "--max-restarts", "0"]
+        conf = []
         if node_addr:
-            argv += ["--rdzv-conf", f"is_host={str(node_addr == self.host).lower()}",
-                     "--local-addr", node_addr]
+            conf.append(f"is_host={str(node_addr == self.host).lower()}")
+        if self.join_timeout_s is not None:
+            conf.append(f"join_timeout={self.join_timeout_s}")
+        if conf:
+            argv += ["--rdzv-conf", ",".join(conf)]
+        if node_addr:
+            argv += ["--local-addr", node_addr]
         return argv
 
 
@@ -138,7 +149,10 @@ class AgentTask:
                 "spec": dict(self.spec),
                 **({"gang": {"nodes": self.gang.nodes, "procs_per_node": self.gang.procs_per_node,
                              "rdzv_endpoint": self.gang.rdzv_endpoint,
-                             "rdzv_id": self.gang.rdzv_id}} if self.gang else {})}
+                             "rdzv_id": self.gang.rdzv_id,
+                             **({"join_timeout_s": self.gang.join_timeout_s}
+                                if self.gang.join_timeout_s is not None else {})}}
+                   if self.gang else {})}
 
 
 def _parse_gang(gang: dict[str, Any], where: str) -> GangSpec:
@@ -164,7 +178,11 @@ def _parse_gang(gang: dict[str, Any], where: str) -> GangSpec:
     if not _JOB_NAME.fullmatch(gang["rdzv_id"]):
         raise AgentTaskError(f"{where}: 'gang.rdzv_id' {gang['rdzv_id']!r:.80} must match "
                              f"{_JOB_NAME.pattern}. Fix: {FIX}")
-    return GangSpec(nodes, procs, gang["rdzv_endpoint"], gang["rdzv_id"])
+    join_timeout_s = gang.get("join_timeout_s")
+    if join_timeout_s is not None and not 1 <= join_timeout_s <= MAX_JOIN_TIMEOUT_S:
+        raise AgentTaskError(f"{where}: 'gang.join_timeout_s' {join_timeout_s} must be "
+                             f"1-{MAX_JOIN_TIMEOUT_S} seconds. Fix: {FIX}")
+    return GangSpec(nodes, procs, gang["rdzv_endpoint"], gang["rdzv_id"], join_timeout_s)
 
 
 def task_key(run_id: str) -> str:
