@@ -230,6 +230,7 @@ def cluster():
         built.close()
 
 
+@pytest.mark.slow  # 50 s; make test keeps the netns gang's reclaim and this file's aws reclaim
 def test_a_gang_on_aws_trains_across_its_instances_and_is_relaunched_after_a_reclaim(
         aws, moto_url, tmp_path, monkeypatch, cluster):
     """Three instances in one subnet, each booted in a network namespace at its private IPv4:

@@ -12,7 +12,8 @@ before anything runs:
              "args": ["--max-steps", "40"]},      # strings, passed as argv (no shell)
      "spec": {"max_steps": 40, "seed": 0},        # run-spec fields (trainwise.sdk.spec.RunSpec)
      "gang": {"nodes": 3, "procs_per_node": 1,    # optional: a multi-host gang under torchrun
-              "rdzv_endpoint": "10.0.1.5:29400", "rdzv_id": "blobs-7-launch-2"}}
+              "rdzv_endpoint": "10.0.1.5:29400", "rdzv_id": "blobs-7-launch-2",
+              "join_timeout_s": 600}}                # optional: torchrun's join timeout
 
 The document is data: the only thing the agent ever runs from it is the declared entry, as
 `python <project_dir>/<script> ARGS...` or `python -m trainwise.sdk.entry ENTRY ARGS...`, with
