@@ -55,6 +55,10 @@ def user_job_defs(project: Project, shards_asset: dg.AssetsDefinition = data_sha
         """Optimizer steps; 0: the job decides (it calls run.finish())."""
         market: str = "spot"
         """spot or on-demand, for the node the job runs on (when allocation_policy is empty)."""
+        nodes: int = 1
+        """Nodes of the job's gang, one rank each under torchrun (its script joins the process
+        group through trainwise.init()). More than one needs a provider whose nodes run the
+        node agent (aws); the emulated provider runs the job as one process."""
         allocation_policy: str = ""
         """Empty: the node is `market`, launched as asked. A registered allocation policy
         (on_demand, managed_spot, uniform_progress, trainwise_heuristic): it holds spot,
@@ -81,6 +85,14 @@ def user_job_defs(project: Project, shards_asset: dg.AssetsDefinition = data_sha
             raise dg.Failure(description=(
                 "a registered job checkpoints through the SDK, which writes to a local object "
                 "store folder only for now; unset TRAINWISE_S3_BUCKET for user jobs"))
+        on_nodes = agent_launch.runs_on_nodes()
+        if config.nodes > 1 and (config.allocation_policy or not on_nodes):
+            raise dg.Failure(description=(
+                f"nodes={config.nodes}: a gang of a registered job runs on nodes that run the "
+                "node agent (TRAINWISE_PROVIDER=aws) on a fixed market; "
+                + ("leave allocation_policy empty" if config.allocation_policy else
+                   f"the {gang.provider_name()} provider runs the job as one process")
+                + ", or set nodes=1 (nothing was launched)"))
         try:
             user_jobs.preflight(job, project_dir, state.path("shards", job.dataset))
         except user_jobs.UserJobError as error:
@@ -105,7 +117,7 @@ def user_job_defs(project: Project, shards_asset: dg.AssetsDefinition = data_sha
                     job.name, max_steps=config.max_steps, market=config.market,
                     allocation_policy=config.allocation_policy, run_id=run_id,
                     checkpoint_every_steps=config.checkpoint_every_steps,
-                    budget_override_reason=config.budget_override_reason),
+                    budget_override_reason=config.budget_override_reason, nodes=config.nodes),
                 published, state.path("shards", job.dataset))
         except job_forecast.BudgetExceededError as refused:
             raise dg.Failure(description=str(refused), metadata={
@@ -127,13 +139,12 @@ def user_job_defs(project: Project, shards_asset: dg.AssetsDefinition = data_sha
         else:
             # aws: the nodes boot the node agent, which runs the job there (agent_launch);
             # the emulated provider's nodes are this machine (user_jobs.UserJobLaunch).
-            on_nodes = agent_launch.runs_on_nodes()
             node_agent = ({"run_id": run_id, "store_root": str(store.root), "job": job.name}
                           if on_nodes else {})
             session = gang.GangSession(
                 gang.provider_for_run(instance_type, region, **node_agent),
-                gang.Allocation(market=config.market, nodes=1, reason="the Launchpad's request",
-                                source="request"),
+                gang.Allocation(market=config.market, nodes=config.nodes,
+                                reason="the Launchpad's request", source="request"),
                 instance_type, run_dir, run_id, region=region,
                 schedule_version=published.version)
             try:

@@ -115,3 +115,22 @@ def test_the_launchpad_offers_only_registered_jobs_and_none_without_a_file(proje
     job_field = config_type.fields["job"].config_type
     job_field = getattr(job_field, "inner_type", job_field)  # Noneable around the Enum
     assert [value.config_value for value in job_field.enum_values] == ["fit"]
+
+
+def test_a_gang_is_refused_on_the_emulated_provider_before_anything_runs(tmp_path, project,
+                                                                         monkeypatch):
+    monkeypatch.setenv("TRAINWISE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TRAINWISE_PROVIDER", "emulated")
+    [asset] = user_job_defs(project)["assets"]
+    resources = {"state": StateResource(home=str(tmp_path / "home")),
+                 "object_store": ObjectStoreResource(local_root=str(tmp_path / "store")),
+                 "mlflow": MLflowResource(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")}
+    result = dg.materialize(
+        [asset], resources=resources, raise_on_error=False, selection=[asset.key],
+        run_config={"ops": {"user_job_run": {"config": {"job": "fit", "nodes": 2}}}})
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    message = failure.step_failure_data.error.message
+    assert "nodes=2" in message and "TRAINWISE_PROVIDER=aws" in message
+    assert "emulated provider runs the job as one process" in message
+    assert not (tmp_path / "home" / "runs").exists()  # nothing launched, no run folder

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwise import job_forecast, settings
+from trainwise.agent.task import MAX_GANG_NODES
 from trainwise.job_forecast import JobForecast, Throughput
 from trainwise.user_project import JobSpec
 
@@ -82,7 +83,7 @@ class UserJobAsk:
 
 def ask_for(job_name: str, *, max_steps: int, market: str = "spot", allocation_policy: str = "",
             run_id: str = "", checkpoint_every_steps: int = 0,
-            budget_override_reason: str = "") -> UserJobAsk:
+            budget_override_reason: str = "", nodes: int = 1) -> UserJobAsk:
     """The launch as the Launchpad (or the CLI) gives it; ValueError names a market or policy
     that does not exist (before any probe)."""
     from cloud.policy_registry import policy_names
@@ -100,10 +101,12 @@ def ask_for(job_name: str, *, max_steps: int, market: str = "spot", allocation_p
             note += " (spot, on-demand when spot is refused)"
     if max_steps < 0:
         raise ValueError(f"max_steps {max_steps} must be >= 0 (0: the job decides)")
+    if not 1 <= nodes <= MAX_GANG_NODES:
+        raise ValueError(f"nodes {nodes} must be 1-{MAX_GANG_NODES}")
     return UserJobAsk(job_name, int(max_steps), policy, settings.get("TRAINWISE_INSTANCE_TYPE"),
                       settings.get("TRAINWISE_REGION"), run_id=run_id, market_note=note,
                       checkpoint_every_steps=int(checkpoint_every_steps or 0),
-                      budget_override_reason=budget_override_reason)
+                      budget_override_reason=budget_override_reason, nodes=int(nodes))
 
 
 def measured_throughput(state_dir: Path, job_name: str, *, exclude: str = ""
