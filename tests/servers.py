@@ -12,6 +12,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -66,3 +67,21 @@ def moto(folder: Path) -> Iterator[str]:
         yield url
     finally:
         stop(process)
+
+
+@contextlib.contextmanager
+def netns_cluster() -> Iterator[Any]:
+    """A network-namespace cluster (benchmarks/netns_cluster.py) while it lasts; the test skips,
+    saying why, where one cannot be built (not root, no iproute2)."""
+    import pytest
+
+    from benchmarks import netns_cluster as netns
+
+    why = netns.unavailable()
+    if why:
+        pytest.skip(f"no network-namespace cluster here: {why}")
+    built = netns.Cluster()
+    try:
+        yield built
+    finally:
+        built.close()

@@ -22,7 +22,6 @@ from pathlib import Path
 import boto3
 import pytest
 
-from benchmarks import netns_cluster as netns
 from benchmarks.ec2_boot_double import Ec2BootDouble
 from telemetry.reader import read_run_events
 from tests import servers
@@ -220,14 +219,8 @@ def test_a_gangs_task_names_the_first_nodes_private_address(aws, tmp_path):
 
 @pytest.fixture
 def cluster():
-    why = netns.unavailable()
-    if why:
-        pytest.skip(f"no network-namespace cluster here: {why}")
-    built = netns.Cluster()
-    try:
+    with servers.netns_cluster() as built:  # a fresh bridge: each test its own subnet
         yield built
-    finally:
-        built.close()
 
 
 @pytest.mark.slow  # 50 s; make test keeps the netns gang's reclaim and this file's aws reclaim
@@ -347,31 +340,6 @@ def test_an_agent_waits_for_a_task_written_after_its_boot(tmp_path):
     assert never.wait(timeout=60) == 2 and "does not exist" in log.read_text()
 
 
-TRAIN_ON_SHARDS = """
-import json, time, torch, trainwise
-torch.set_num_threads(1)
-run = trainwise.init()
-rows = run.dataset("train")
-x = torch.tensor([rows["a"], rows["b"]], dtype=torch.float32).T
-data = torch.utils.data.TensorDataset(x, torch.tensor(rows["y"], dtype=torch.float32)[:, None])
-loader = run.dataloader(data, batch_size=4)
-torch.manual_seed(0)
-model = torch.nn.Linear(2, 1)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-model, optimizer = run.track(model, optimizer)
-while not run.done:
-    for xb, yb in loader:
-        loss = torch.nn.functional.mse_loss(model(xb), yb)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        run.step(loss=loss)
-        time.sleep(0.02)
-        if run.done:
-            break
-run.finish(eval_loss=float(loss.detach()))
-print(json.dumps({"train_rows": len(rows)}))
-"""
 
 
 def test_the_launchpads_job_on_aws_runs_on_the_node_and_is_logged_from_its_telemetry(
@@ -386,19 +354,10 @@ def test_the_launchpads_job_on_aws_runs_on_the_node_and_is_logged_from_its_telem
     from assets.partitions import partitions_for
     from assets.resources import MLflowResource, ObjectStoreResource, StateResource
     from assets.user_jobs import user_job_defs
+    from tests.test_user_job_asset import write_project
     from trainwise.user_project import load_project_file
 
-    folder = tmp_path / "team"
-    folder.mkdir()
-    (folder / "train.py").write_text(TRAIN_ON_SHARDS)
-    with (folder / "points.jsonl").open("w") as out:
-        for i in range(60):
-            out.write(json.dumps({"pid": f"p{i}", "a": i / 60, "b": (i % 7) / 7,
-                                  "y": 2 * i / 60 - (i % 7) / 7}) + "\n")
-    (folder / "trainwise.toml").write_text(
-        '[datasets.points]\npath = "points.jsonl"\nid_column = "pid"\neval_fraction = 0.2\n\n'
-        '[jobs.fit]\nentry = "train.py"\ndataset = "points"\n')
-    project = load_project_file(folder / "trainwise.toml")
+    project = load_project_file(write_project(tmp_path / "team"))
     monkeypatch.setenv("TRAINWISE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TRAINWISE_INSTANCE_TYPE", INSTANCE)
     monkeypatch.setenv("TRAINWISE_REGION", REGION)

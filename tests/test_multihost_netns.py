@@ -30,6 +30,7 @@ import torch
 from benchmarks import netns_cluster as netns
 from benchmarks.cluster import HostAgent
 from benchmarks.imds_double import ImdsDouble
+from tests import servers
 from trainwise.agent.imds import Ec2Watcher
 from trainwise.agent.task import TASK_FORMAT, put_task
 from trainwise.object_store import LocalObjectStore
@@ -45,14 +46,8 @@ PORT = 29400
 
 @pytest.fixture(scope="module")
 def cluster():
-    why = netns.unavailable()
-    if why:
-        pytest.skip(f"no network-namespace cluster here: {why}")
-    built = netns.Cluster()
-    try:
+    with servers.netns_cluster() as built:
         yield built
-    finally:
-        built.close()
 
 
 @pytest.fixture(scope="module")

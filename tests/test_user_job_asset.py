@@ -55,9 +55,8 @@ def _provider(*_args, **_kwargs) -> EmulatedProvider:
     return EmulatedProvider([market], replay.ReplayClock(195.0, 0.3), replay.default_rules())
 
 
-@pytest.fixture
-def project(tmp_path):
-    folder = tmp_path / "team"
+def write_project(folder):
+    """A team's project folder: the points dataset and the `fit` job (TRAIN); its file."""
     folder.mkdir()
     (folder / "train.py").write_text(TRAIN)
     with (folder / "points.jsonl").open("w") as out:
@@ -67,7 +66,12 @@ def project(tmp_path):
     (folder / "trainwise.toml").write_text(
         '[datasets.points]\npath = "points.jsonl"\nid_column = "pid"\neval_fraction = 0.2\n\n'
         '[jobs.fit]\nentry = "train.py"\ndataset = "points"\n')
-    return load_project_file(folder / "trainwise.toml")
+    return folder / "trainwise.toml"
+
+
+@pytest.fixture
+def project(tmp_path):
+    return load_project_file(write_project(tmp_path / "team"))
 
 
 def test_a_registered_job_is_launched_from_dagster_survives_a_reclaim_and_completes(
