@@ -147,26 +147,42 @@ def recovery_bound(factors: list[float], steps: int, *, ranks: int = 2, micro_ba
         raise ValueError(f"ranks={ranks}, micro_batches={micro_batches}: need 2 <= ranks <= "
                          "micro_batches")
     fs = [factors[t % len(factors)] for t in range(steps)]
-    even = math.ceil(micro_batches / ranks)
-
-    def step_time(n: int, f: float) -> float:
-        return max(math.ceil((micro_batches - n) / (ranks - 1)), n * f)
-
-    def best_n(f: float) -> int:
-        return min(range(1, micro_batches - ranks + 2), key=lambda n: step_time(n, f))
-
+    if know == "foresight":
+        return recovery_of(fs, fs, ranks=ranks, micro_batches=micro_batches)
+    if know == "last_step":
+        return recovery_of(fs, [1.0, *fs[:-1]], ranks=ranks, micro_batches=micro_batches)
     if know == "continuous":
         balanced = [micro_batches * f / (1 + (ranks - 1) * f) for f in fs]
-    elif know == "foresight":
-        balanced = [step_time(best_n(f), f) for f in fs]
-    elif know == "last_step":
-        balanced = [step_time(best_n(fs[t - 1] if t else 1.0), f) for t, f in enumerate(fs)]
     else:
-        balanced = min(([step_time(n, f) for f in fs]
+        balanced = min(([_step_time(n, f, ranks, micro_batches) for f in fs]
                         for n in range(1, micro_batches - ranks + 2)), key=sum)
-    base = even * steps
+    return _recovered(fs, balanced, ranks, micro_batches)
+
+
+def _step_time(n: int, f: float, ranks: int, micro_batches: int) -> float:
+    """One step's time in micro-batch times: the slowed rank's n at f against the others'."""
+    return max(math.ceil((micro_batches - n) / (ranks - 1)), n * f)
+
+
+def _recovered(fs: list[float], balanced: list[float], ranks: int, micro_batches: int) -> float:
+    even = math.ceil(micro_batches / ranks)
+    base = even * len(fs)
     slow = sum(even * max(1.0, f) for f in fs)
     return (slow - sum(balanced)) / (slow - base) if slow > base else float("nan")
+
+
+def recovery_of(factors: list[float], predicted: list[float], *, ranks: int = 2,
+                micro_batches: int = 32) -> float:
+    """The recovered share when step t's split (whole micro batches) is the best one for
+    `predicted[t]` while the slowed rank really runs at `factors[t]`: the figure any predictor
+    of the next step's slowdown (the last step's, a smoothed one, a learned one) would give."""
+    def best_n(f: float) -> int:
+        return min(range(1, micro_batches - ranks + 2),
+                   key=lambda n: _step_time(n, f, ranks, micro_batches))
+
+    balanced = [_step_time(best_n(p), f, ranks, micro_batches)
+                for p, f in zip(predicted, factors, strict=True)]
+    return _recovered(list(factors), balanced, ranks, micro_batches)
 
 
 def bounds_report(factors: list[float], steps: int) -> tuple[dict[str, Any], str]:

@@ -5,6 +5,7 @@ the rest (benchmarks.stragglers_ddp.recovery_bound)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from benchmarks.stragglers_ddp import recovery_bound
@@ -48,3 +49,25 @@ def test_the_slowdown_trace_is_read_through_the_data_setting(tmp_path, monkeypat
         f"0,{w},0,{t},{10.0 * (2 if w == 1 else 1)}\n" for t in range(3) for w in range(3)))
     factors = replayed_factors(mean_slowdown=1.5)
     assert len(factors) == 3 and sum(factors) / 3 == pytest.approx(1.5)
+
+
+def test_a_predictor_recovers_what_its_predictions_allow():
+    """recovery_of: the split chosen for a predicted factor, timed at the true one; a perfect
+    prediction is the oracle, the previous step's factor the reactive bound, and a learned
+    predictor of a series it can predict (here a period-2 flap) recovers what the reactive
+    controller cannot (benchmarks/stragglers_learnability.py scores the real traces)."""
+    from benchmarks.stragglers_ddp import recovery_of
+    from benchmarks.stragglers_learnability import fit_ridge, predictions
+
+    flapping = [1.2, 1.8] * 20
+    assert recovery_of(flapping, flapping) == pytest.approx(
+        recovery_bound(flapping, 40, know="foresight"))
+    assert recovery_of(flapping, [1.0, *flapping[:-1]]) == pytest.approx(
+        recovery_bound(flapping, 40, know="last_step"))
+    series = np.asarray(flapping)
+    weights = fit_ridge([series, series[::-1].copy()], 2)
+    learned = predictions(series, [series])["ridge AR(3)"]
+    assert weights.shape == (3,)
+    assert recovery_of(flapping, learned) > recovery_of(flapping, [1.0, *flapping[:-1]]) + 0.2
+    with pytest.raises(ValueError):
+        recovery_of(flapping, flapping[:-1])  # one prediction per step
