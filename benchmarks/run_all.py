@@ -19,6 +19,7 @@ SUITES = {
     "cant_be_late_trainwise": "benchmarks.cant_be_late.trainwise",
     "cant_be_late_ceiling": "benchmarks.cant_be_late.ceiling",
     "stragglers_ddp": "benchmarks.stragglers_ddp",
+    "stragglers_learnability": "benchmarks.stragglers_learnability",
     "time_to_quality": "benchmarks.time_to_quality.__main__",
     "rl": "benchmarks.rl.run",
     "ingestion": "benchmarks.ingestion",
