@@ -177,6 +177,43 @@ def test_the_job_runs_on_its_ec2_node_and_a_reclaim_resumes_on_the_replacement(
     assert not LocalObjectStore(tmp_path / "store").exists(task_key(run_id))
 
 
+def test_the_slow_layers_new_allocation_moves_a_remote_run(aws, moto_url, tmp_path):
+    """The slow layer writes a new allocation for the live run (on-demand instead of spot):
+    the launcher terminates the spot instance, whose agent checkpoints on the shutdown's
+    SIGTERM, and launches the on-demand one, which resumes from the store and completes."""
+    run_id = "nodes-move"
+    launch = _launch(tmp_path, run_id, _job())
+    with Ec2BootDouble(moto_url, REGION, tmp_path / "nodes", run_id=run_id, env=_node_env(),
+                       agent_env=AGENT_ENV) as double:
+        thread, box = _in_thread(launch)
+        [first] = double.wait_booted(1)
+        deadline = time.monotonic() + TIMEOUT_S
+        while "step 12\n" not in _job_log(first):
+            assert time.monotonic() < deadline and thread.is_alive(), (box, first.log[-2000:])
+            time.sleep(0.1)
+        gang.write_allocation(tmp_path / "runs" / run_id, gang.Allocation(
+            market="on_demand", zone=ZONE, nodes=1, reason="test: the market turned",
+            source="slow_tick"))
+        thread.join(TIMEOUT_S)
+        assert not thread.is_alive(), "the launch did not end"
+        booted = list(double.booted.values())
+    result = box["result"]
+    assert result["status"] == "completed", result["failure"]
+    first_launch, second_launch = result["segments"]
+    assert first_launch["stop_reason"].startswith("allocation: 1 x on_demand")
+    assert "(spot in" in first_launch["nodes"][0] and "(on_demand in" in second_launch["nodes"][0]
+    [stopped] = first_launch["starts"].values()
+    [resumed] = second_launch["starts"].values()
+    assert stopped["state"] == "preempted" and stopped["last_committed_step"] >= 12
+    assert resumed["resumed_from_step"] == stopped["last_committed_step"]
+    assert resumed["last_committed_step"] == MAX_STEPS and len(booted) == 2
+    status = json.loads((first.folder / "home" / "agent_runs" / run_id / "agent"
+                         / "status.json").read_text())
+    assert status["notice"]["source"] == "SIGTERM"  # the instance's shutdown
+    record = json.loads((tmp_path / "runs" / run_id / "gang.json").read_text())
+    assert record["reclaims"] == 0 and record["replacements"] == 1
+
+
 def test_a_task_the_node_refuses_fails_the_run_with_the_agents_reason(
         aws, moto_url, tmp_path, monkeypatch):
     run_id = "nodes-refused"

@@ -23,8 +23,9 @@ with the run id, the store and the job name, so each node's user-data starts
    (`GangSession.check`), deletes the task, releases what is left of the launch
    (`GangSession.replace`: terminating an instance is the SIGTERM its agent answers) and
    launches the replacement, whose agents resume from the store. A stop the launcher itself
-   asks for (a new allocation) is a termination of the nodes: their agents answer its SIGTERM
-   the same way.
+   asks for (the slow layer's new allocation in the run folder, read at each poll) terminates
+   the nodes: their agents answer the shutdown's SIGTERM the same way, and the new allocation
+   is launched.
 5. Every agent of a launch exiting 0 with a completed outcome ends the run; an agent that
    refused the task or whose job failed fails it, with the agent's error and its job log's tail
    from the store. `user_job.json` records each launch (nodes, agent starts, exit codes).
@@ -119,6 +120,9 @@ class AgentJobLaunch:
     poll_s: float = 1.0
     telemetry_every_s: float = 5.0  # how often the agents' telemetry is copied here
     join_timeout_s: float = 600.0  # a gang's hosts wait this long for all to join (torchrun's)
+    # After the nodes are gone, how long an agent may still take to report its checkpoint (an
+    # EC2 shutdown gives processes about 90 s; a spot notice 120 s before it).
+    stop_grace_s: float = 150.0
     launches: list[dict[str, Any]] = field(default_factory=list)
     failure: str = ""
 
@@ -131,6 +135,7 @@ class AgentJobLaunch:
         self.node_dir = node_project_dir(self.project_dir)
         self.mirror = TelemetryMirror(self.store, self.spec.run_id, self.run_dir,
                                       provider_rank=PROVIDER_RANK)
+        self._gone_at: float | None = None  # when the launch's nodes were all seen gone
 
     @property
     def run_dir(self) -> Path:
@@ -214,6 +219,7 @@ class AgentJobLaunch:
         clock_running = False
         code: int | None = None
         next_mirror_s = began
+        self._gone_at = None
         while code is None:
             if time.monotonic() >= next_mirror_s:  # explain, the sensor, Prometheus read it
                 next_mirror_s = time.monotonic() + self.telemetry_every_s
@@ -260,9 +266,13 @@ class AgentJobLaunch:
         if ended and any(s.get("state") == "preempted" for s in ended):
             return None  # the gang's other nodes answer the same notice: wait for them
         if self.session.stop_reason and not self._alive():
-            # Every node is gone (reclaimed or released) and an agent said nothing more: what
-            # the store holds is what the replacement resumes from.
-            return PREEMPTED_EXIT_CODE
+            # Every node is gone (reclaimed or released). An agent still committing on its
+            # shutdown's SIGTERM reports within the grace; one that says nothing more is gone:
+            # what the store holds then is what the replacement resumes from.
+            if self._gone_at is None:
+                self._gone_at = time.monotonic()
+            if time.monotonic() - self._gone_at >= self.stop_grace_s:
+                return PREEMPTED_EXIT_CODE
         if len(statuses) < nodes and waited_s > self.boot_timeout_s:
             self.failure = (f"{nodes - len(statuses)} of {nodes} node agents of run "
                             f"{self.spec.run_id!r} did not report within "
@@ -299,10 +309,19 @@ class AgentJobLaunch:
                 f"its job log ends:\n{log[-LOG_TAIL_CHARS:].strip() or '(empty log)'}")
 
     def _tell(self, nodes: list[Any], reason: str) -> dict[str, Any]:
-        """The node hears its own notice (its metadata service); a stop of ours is a
-        termination of its instance, which its agent answers as a SIGTERM."""
-        return {"what": "the nodes' agents answer their own notice (IMDS, or the SIGTERM of a "
-                        "terminated instance)"}
+        """A reclaimed node hears its own notice (its metadata service). A stop of ours (the
+        slow layer's new allocation) terminates the nodes: an instance's shutdown SIGTERMs its
+        agent, which has the job checkpoint to the store and leave (exit 143); then the
+        launcher launches the new allocation, which resumes from the store."""
+        if reason.startswith("reclaim"):
+            return {"what": "the nodes' agents answer their own notice (IMDSv2)"}
+        ended = []
+        for node in self.session.nodes:
+            if self.session.provider.describe(node).state.alive:
+                self.session.provider.terminate(node, "released: " + reason[:60])
+                ended.append(node.node_id)
+        return {"what": f"terminated {', '.join(ended) or 'no node'}: their agents checkpoint "
+                        "on the shutdown's SIGTERM", "terminated": ended}
 
     # -- the store -------------------------------------------------------------------------------
     def _starts(self, prefix: str) -> set[str]:
