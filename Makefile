@@ -44,7 +44,7 @@ TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4;
 XDIST := -n $(TEST_WORKERS) --dist loadfile
 
 test: venv system-parts
-	$(PY) -m pytest -q $(XDIST)
+	$(PY) -m pytest -q $(XDIST) --durations=25
 
 test-all: venv system-parts
 	$(PY) -m pytest -q -m "" $(XDIST)
