@@ -109,6 +109,15 @@ def _in_thread(launch: AgentJobLaunch) -> tuple[threading.Thread, dict]:
     return thread, box
 
 
+def _wait_for_step(nodes, step: int, thread: threading.Thread, box: dict) -> None:
+    """Until the job on one of `nodes` printed `step` (the launch still running)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while not any(f"step {step}\n" in _job_log(node) for node in nodes):
+        assert time.monotonic() < deadline and thread.is_alive(), (
+            box, [n.log[-1500:] + _job_log(n)[-1500:] for n in nodes])
+        time.sleep(0.1)
+
+
 def _job_log(node) -> str:
     found = list((node.folder / "home" / "agent_runs").glob("*/agent/job.log"))
     return found[0].read_text(errors="replace") if found else ""
@@ -123,11 +132,7 @@ def test_the_job_runs_on_its_ec2_node_and_a_reclaim_resumes_on_the_replacement(
                        agent_env=AGENT_ENV) as double:
         thread, box = _in_thread(launch)
         [first] = double.wait_booted(1)
-        deadline = time.monotonic() + TIMEOUT_S
-        while "step 15\n" not in _job_log(first):
-            assert time.monotonic() < deadline and thread.is_alive(), (
-                box, first.log[-2000:], _job_log(first)[-2000:])
-            time.sleep(0.1)
+        _wait_for_step([first], 15, thread, box)
         # The launcher holds the run folder: the orphan sensor keeps the node however old
         # gang.json is (an hour from now here).
         states = run_states(tmp_path, time.time() + 3600.0)
@@ -187,10 +192,7 @@ def test_the_slow_layers_new_allocation_moves_a_remote_run(aws, moto_url, tmp_pa
                        agent_env=AGENT_ENV) as double:
         thread, box = _in_thread(launch)
         [first] = double.wait_booted(1)
-        deadline = time.monotonic() + TIMEOUT_S
-        while "step 12\n" not in _job_log(first):
-            assert time.monotonic() < deadline and thread.is_alive(), (box, first.log[-2000:])
-            time.sleep(0.1)
+        _wait_for_step([first], 12, thread, box)
         gang.write_allocation(tmp_path / "runs" / run_id, gang.Allocation(
             market="on_demand", zone=ZONE, nodes=1, reason="test: the market turned",
             source="slow_tick"))
@@ -284,11 +286,7 @@ def test_a_gang_on_aws_trains_across_its_instances_and_is_relaunched_after_a_rec
                        gateway="10.9.255.254", prefix=16) as double:
         thread, box = _in_thread(launch)
         first_gang = double.wait_booted(3, timeout_s=120)
-        deadline = time.monotonic() + TIMEOUT_S
-        while not any("step 5\n" in _job_log(node) for node in first_gang):
-            assert time.monotonic() < deadline and thread.is_alive(), (
-                box, [n.log[-1500:] + _job_log(n)[-1500:] for n in first_gang])
-            time.sleep(0.2)
+        _wait_for_step(first_gang, 5, thread, box)
         double.reclaim(first_gang[1].instance_id, notice_s=30.0)
         thread.join(TIMEOUT_S * 2)
         assert not thread.is_alive(), "the launch did not end"
