@@ -175,6 +175,11 @@ def test_the_job_runs_on_its_ec2_node_and_a_reclaim_resumes_on_the_replacement(
     assert [e["status"] for e in events if e["type"] == "run_end"] == ["preempted", "completed"]
     record = json.loads((run_dir / "gang.json").read_text())
     assert record["reclaims"] == 1 and record["replacements"] == 1
+    # The node heard the notice first: recorded as the session records a reclaim it sees, its
+    # segment's provider seconds ended then (both launches are in the trained time).
+    [notice] = [h for h in record["history"] if h["event"] == "notice"]
+    assert notice["reason"].startswith("reclaim: the node's agent answered its notice")
+    assert record["train_provider_s"] >= 0.9 * (first_launch["wall_s"] + second_launch["wall_s"])
     # Nothing billed runs idle: both instances are ended in EC2; the task is gone.
     states = {i["InstanceId"]: i["State"]["Name"] for r in aws.describe_instances(
         InstanceIds=[n.instance_id for n in booted])["Reservations"] for i in r["Instances"]}

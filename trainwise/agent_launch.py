@@ -86,17 +86,10 @@ def task_for(job: JobSpec, project_dir_on_node: str, spec: RunSpec,
     """The task document for one launch (checked as the agent will check it, less what only
     the node can: its folder and script)."""
     fields = {k: v for k, v in spec.to_json().items() if k != "format" and k not in _NODE_SETS}
-    data: dict[str, Any] = {
-        "format": "trainwise-agent-task/1", "run_id": spec.run_id,
-        "job": {"name": job.name, "project_dir": project_dir_on_node, "entry": job.entry,
-                "args": list(job.args)},
-        "spec": fields}
-    if gang is not None:
-        data["gang"] = {"nodes": gang.nodes, "procs_per_node": gang.procs_per_node,
-                        "rdzv_endpoint": gang.rdzv_endpoint, "rdzv_id": gang.rdzv_id}
-        if gang.join_timeout_s is not None:
-            data["gang"]["join_timeout_s"] = gang.join_timeout_s
-    return parse_task(data, f"the task of run {spec.run_id!r}", on_node=False)
+    task = AgentTask(run_id=spec.run_id, job_name=job.name,
+                     project_dir=Path(project_dir_on_node), entry=job.entry,
+                     args=tuple(job.args), spec=fields, gang=gang)
+    return parse_task(task.to_json(), f"the task of run {spec.run_id!r}", on_node=False)
 
 
 def _read_json(store: LocalObjectStore, key: str) -> dict[str, Any] | None:
@@ -167,11 +160,8 @@ class AgentJobLaunch:
                     break
                 if code == PREEMPTED_EXIT_CODE:
                     if not self.session.stop_reason:  # the node heard it before EC2 said so
-                        self.session.reclaims += 1
-                        self.session.stop_reason = ("reclaim: the node's agent answered its "
-                                                    "notice (exit 143)")
-                        self.session.note("notice", self.session.stop_reason,
-                                          launch=len(self.launches) - 1)
+                        self.session.node_noticed("the node's agent answered its notice "
+                                                  "(exit 143)")
                     if not self.session.replace():
                         self.failure = self.session.failure
                         break
@@ -263,8 +253,6 @@ class AgentJobLaunch:
             if all(s.get("state") == "completed" for s in ended):
                 return 0
             return PREEMPTED_EXIT_CODE
-        if ended and any(s.get("state") == "preempted" for s in ended):
-            return None  # the gang's other nodes answer the same notice: wait for them
         if self.session.stop_reason and not self._alive():
             # Every node is gone (reclaimed or released). An agent still committing on its
             # shutdown's SIGTERM reports within the grace; one that says nothing more is gone:

@@ -313,6 +313,14 @@ class GangSession:
             self._stop(f"allocation: {wanted.nodes} x {wanted.market} in {wanted.zone} "
                        f"({wanted.reason})")
 
+    def node_noticed(self, detail: str) -> None:
+        """A reclaim the node heard before the provider reported it (a node agent answered its
+        metadata service's notice): counted and recorded as `check` does one it sees."""
+        if self.stop_reason:
+            return
+        self.reclaims += 1
+        self._stop(f"reclaim: {detail}")
+
     def _wanted(self) -> Allocation | None:
         """The allocation file's request, its empty zone read as the zone held now."""
         wanted = read_allocation(self.run_dir)

@@ -186,8 +186,8 @@ class NodeAgent:
         except ServiceUnreachableError as error:
             LOG.error("%s", error)
             return AGENT_FAILED_EXIT_CODE
-        self._wait_for_task()
         try:
+            self._wait_for_task()
             task = read_task(self.store, self.run_id)
             if self.job_name is not None and task.job_name != self.job_name:
                 raise AgentTaskError(
@@ -245,8 +245,12 @@ class NodeAgent:
         try:
             address = local_ipv4()
         except MetadataUnreachableError as error:
+            address, why = None, str(error)
+        else:
+            why = "it gave no IPv4 address"
+        if address is None:
             LOG.warning("no local-ipv4 from %s (%s): torchrun guesses this host's address from "
-                        "its hostname; set TRAINWISE_AGENT_NODE_ADDR", choice.url, error)
+                        "its hostname; set TRAINWISE_AGENT_NODE_ADDR", choice.url, why)
             return None
         LOG.info("this host's address for the gang: %s (from the metadata service)", address)
         return address
@@ -268,10 +272,7 @@ class NodeAgent:
         first node's address, known only once EC2 gave it): wait for it, up to
         TRAINWISE_AGENT_TASK_WAIT_S; a SIGTERM meanwhile stops the wait (nothing runs)."""
         key = task_key(self.run_id)
-        try:
-            wait_s = task_wait_s()
-        except settings.SettingError:
-            return  # read_task's refusal below names the missing task; the setting is logged
+        wait_s = task_wait_s()  # a bad value: SettingError, the agent refuses naming it
         deadline = time.monotonic() + wait_s
         previous = signal.signal(signal.SIGTERM, self._on_signal)
         try:
