@@ -96,3 +96,24 @@ def test_mlflow_gets_the_same_per_lever_figures(runs_root, tmp_path):
     assert run.data.metrics["levers/batch_on"] == 0  # logged live when the guard switched it off
     assert run.data.tags["trainwise/lever_batch"].startswith("off: costs quality")
     assert run.data.tags["trainwise/lever_pruning"] == "not used"
+
+
+def step_records(shapes_and_ms: list[tuple[tuple[int, int], float]]) -> list[dict]:
+    start = {"type": "run_start", "train_config": {"micro_batch_size": 8, "grad_accum_steps": 2}}
+    return [start] + [{"type": "step", "step": i + 1, "micro_batch_size": shape[0],
+                       "grad_accum_steps": shape[1], "step_time_ms": ms}
+                      for i, (shape, ms) in enumerate(shapes_and_ms)]
+
+
+def test_a_loaded_stretch_at_the_base_shape_does_not_turn_a_dearer_shape_into_a_saving():
+    # The base shape's steps ran at 3 ms alone and 9 ms while another process held the core;
+    # the lever's shape costs 5.5 ms per step. A median of the base steps (9 ms) would have
+    # called 12 steps at the dearer shape a 42 ms saving.
+    base, lever = (8, 2), (32, 2)
+    events = step_records([(base, 3.0)] * 4 + [(base, 9.0)] * 10 + [(lever, 5.5)] * 12
+                          + [(base, 3.0)] * 4)
+    effects = explain.lever_effects(events)
+    assert effects["batch"]["extra_s"] == pytest.approx(12 * (5.5 - 3.0) / 1000.0)
+    # The cheaper shape's saving holds just as well when its own steps ran loaded.
+    cheaper = step_records([(base, 3.0)] * 6 + [((4, 2), 1.5)] * 3 + [((4, 2), 8.0)] * 9)
+    assert explain.lever_effects(cheaper)["batch"]["extra_s"] == pytest.approx(12 * -1.5 / 1000.0)

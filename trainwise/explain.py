@@ -129,9 +129,11 @@ def lever_effects(records: list[dict[str, Any]],
     schedule, from its telemetry (and the pruning sampler's consumption record when there is one).
 
     - batch: the shape changes; over the steps run at another shape than the configured one,
-      the samples and seconds beyond what the configured shape takes for the same steps
-      (its seconds per step: the median of the run's own steps at that shape, the first two
-      left out as warm-up);
+      the samples and seconds beyond what the configured shape takes for the same steps.
+      A shape's seconds per step is the fastest of the run's own steps at it (the first two
+      left out as warm-up): load from other processes only ever adds time to a step, so the
+      fastest step is the shape's own cost, and a loaded stretch during one shape cannot turn
+      a dearer shape into a saving (a median of 12 steps did, on a busy 2-core machine);
     - pruning: the samples the full-data schedule would have drawn for the same epochs minus
       those drawn (the lever guard's latest record, else the consumption record's skipped
       counts), and those samples' seconds at the configured shape's measured seconds per sample;
@@ -142,9 +144,13 @@ def lever_effects(records: list[dict[str, Any]],
     steps = _rank0_steps(records)
     shape_of = [(int(r.get("micro_batch_size") or micro), int(r.get("grad_accum_steps") or accum))
                 for r in steps]
-    base_ms = [float(r["step_time_ms"]) for r, shape in zip(steps[2:], shape_of[2:], strict=True)
-               if shape == (micro, accum) and r.get("step_time_ms") is not None]
+    times_ms: dict[tuple[int, int], list[float]] = {}
+    for record, shape in zip(steps[2:], shape_of[2:], strict=True):
+        if record.get("step_time_ms") is not None:
+            times_ms.setdefault(shape, []).append(float(record["step_time_ms"]))
+    base_ms = times_ms.get((micro, accum), [])
     base_step_ms = statistics.median(base_ms) if base_ms else None
+    floor_ms = {shape: min(times) for shape, times in times_ms.items()}
     changes, previous = [], (micro, accum)
     extra_samples, extra_ms, other_steps = 0, 0.0, 0
     for record, shape in zip(steps, shape_of, strict=True):
@@ -154,8 +160,8 @@ def lever_effects(records: list[dict[str, Any]],
         if shape != (micro, accum):
             other_steps += 1
             extra_samples += shape[0] * shape[1] - base_batch
-            if base_step_ms is not None and record.get("step_time_ms") is not None:
-                extra_ms += float(record["step_time_ms"]) - base_step_ms
+            if base_ms and shape in floor_ms:
+                extra_ms += floor_ms[shape] - floor_ms[(micro, accum)]
     guard = [r for r in records if r["type"] == "decision" and r.get("policy") == "lever_guard"
              and r.get("rank", 0) == 0]
     offs = [{"step": r["step"], "lever": r["action"].get("lever"), "reason": r["reason"]}
