@@ -148,7 +148,9 @@ def user_job_defs(project: Project, shards_asset: dg.AssetsDefinition = data_sha
                 instance_type, run_dir, run_id, region=region,
                 schedule_version=published.version)
             try:
-                launcher = (agent_launch.AgentJobLaunch(job, project_dir, session, spec)
+                launcher = (agent_launch.AgentJobLaunch(
+                                job, project_dir, session, spec,
+                                first_step_timeout_s=config.first_step_timeout_s)
                             if on_nodes else user_jobs.UserJobLaunch(
                                 job, project_dir, session, spec,
                                 first_step_timeout_s=config.first_step_timeout_s))

@@ -323,3 +323,13 @@ def latest_recorded(run_dir: str | Path) -> tuple[int, float] | None:
     if not steps:
         return None
     return max(steps), max(elapsed, default=0.0)
+
+
+def step_records_written(telemetry_dir: str | Path, rank: int) -> int:
+    """How many step records rank's telemetry files hold so far, counted in their text, not
+    parsed (cheap enough for a launcher to poll while the job writes): has the job called its
+    step hook since the last look?"""
+    folder = Path(telemetry_dir) / f"rank{rank}"
+    if not folder.is_dir():
+        return 0
+    return sum(p.read_text(errors="replace").count('"type":"step"') for p in folder.glob("*.jsonl"))

@@ -25,7 +25,7 @@ import pytest
 from benchmarks.ec2_boot_double import Ec2BootDouble
 from telemetry.reader import read_run_events
 from tests import servers
-from trainwise import gang
+from trainwise import cost_summary, gang
 from trainwise.agent.task import put_task, read_task, task_key
 from trainwise.agent_launch import AgentJobLaunch, runs_on_nodes, task_for
 from trainwise.object_store import LocalObjectStore
@@ -180,6 +180,13 @@ def test_the_job_runs_on_its_ec2_node_and_a_reclaim_resumes_on_the_replacement(
     [notice] = [h for h in record["history"] if h["event"] == "notice"]
     assert notice["reason"].startswith("reclaim: the node's agent answered its notice")
     assert record["train_provider_s"] >= 0.9 * (first_launch["wall_s"] + second_launch["wall_s"])
+    # `explain --summary` names where the job ran, and its rows still close on the bill.
+    summary = cost_summary.summarize(run_dir)
+    assert record["runs_on"] == "node agents" and summary.engine == "node-agent"
+    assert "(node-agent engine, bill from gang.json" in summary.text()
+    assert summary.bill_usd == pytest.approx(record["cost_usd"])
+    rows = {r.key: r for r in summary.rows}
+    assert "billed as training" in rows["tail"].why_missing
     # Nothing billed runs idle: both instances are ended in EC2; the task is gone.
     states = {i["InstanceId"]: i["State"]["Name"] for r in aws.describe_instances(
         InstanceIds=[n.instance_id for n in booted])["Reservations"] for i in r["Instances"]}
@@ -239,6 +246,29 @@ def test_a_task_the_node_refuses_fails_the_run_with_the_agents_reason(
     state = aws.describe_instances(InstanceIds=[node.instance_id])[
         "Reservations"][0]["Instances"][0]["State"]["Name"]
     assert state in ("shutting-down", "terminated")
+
+
+def test_a_job_that_never_calls_step_on_its_node_is_stopped_with_the_fix(aws, moto_url, tmp_path):
+    run_id = "nodes-silent"
+    project = tmp_path / "team"
+    project.mkdir()
+    (project / "silent.py").write_text("import time\ntime.sleep(600)\n")
+    job = JobSpec("silent", "silent.py", "script", project / "silent.py", "blobs", ())
+    launch = _launch(tmp_path, run_id, job, project_dir=project)
+    launch.first_step_timeout_s, launch.telemetry_every_s = 6.0, 1.0
+    with Ec2BootDouble(moto_url, REGION, tmp_path / "nodes", run_id=run_id, env=_node_env(),
+                       agent_env=AGENT_ENV) as double:
+        result = launch.run()
+        booted = list(double.booted.values())
+    assert result["status"] == "failed" and len(result["segments"]) == 1
+    assert "called run.step() not once in 6 s on its node(s)" in result["failure"]
+    assert "docs/sdk.md" in result["failure"]
+    # The job was running (its agent said so) and its node is ended: nothing left billing.
+    [start] = result["segments"][0]["starts"].values()
+    assert start["state"] == "running"
+    states = {i["State"]["Name"] for r in aws.describe_instances(
+        InstanceIds=[n.instance_id for n in booted])["Reservations"] for i in r["Instances"]}
+    assert states <= {"shutting-down", "terminated"}, states
 
 
 def test_a_gangs_task_names_the_first_nodes_private_address(aws, tmp_path):

@@ -45,6 +45,7 @@ from typing import Any
 
 from cloud.providers import provider_class
 from cloud.providers import provider_name as cloud_provider_name
+from telemetry.reader import step_records_written
 from training.run_lock import RunFolderLock
 from training.safe_files import write_atomic
 from trainwise import settings
@@ -109,6 +110,9 @@ class AgentJobLaunch:
     session: GangSession
     spec: RunSpec  # run_id, run_dir (the launcher's record folder), store_root, max_steps, ...
     boot_timeout_s: float = 900.0  # launch to the agents' first status record
+    # Every agent running to the job's first step record in the copied telemetry (a job that
+    # never calls run.step() is stopped, as on the emulated provider's nodes).
+    first_step_timeout_s: float = 300.0
     segment_timeout_s: float = 86_400.0
     poll_s: float = 1.0
     telemetry_every_s: float = 5.0  # how often the agents' telemetry is copied here
@@ -147,6 +151,7 @@ class AgentJobLaunch:
         self.spec = spec_for_framework(self.job, self.spec)
         task_for(self.job, self.node_dir, self.spec)  # a bad spec or entry: refused, no node
         self.session.on_stop = self._tell
+        self.session.runs_on = "node agents"
         self.store.delete(task_key(self.spec.run_id))  # an earlier run's task is not this one's
         status = "interrupted"
         try:
@@ -209,6 +214,8 @@ class AgentJobLaunch:
         clock_running = False
         code: int | None = None
         next_mirror_s = began
+        steps_before = self._steps_seen()
+        running_since: float | None = None  # every agent's job running, no step seen yet
         self._gone_at = None
         while code is None:
             if time.monotonic() >= next_mirror_s:  # explain, the sensor, Prometheus read it
@@ -227,9 +234,21 @@ class AgentJobLaunch:
             if not clock_running and len(running) + len(ended) >= len(nodes):
                 clock_running = True
                 self.session.resume_clock()
+                running_since = time.monotonic()
             if clock_running:
                 self.session.check()
             code = self._judge(statuses, ended, len(nodes), waited_s)
+            if running_since is not None and code is None:
+                if self._steps_seen() > steps_before:
+                    running_since = None
+                elif time.monotonic() - running_since > self.first_step_timeout_s:
+                    self.failure = (
+                        f"job {self.job.name!r} called run.step() not once in "
+                        f"{self.first_step_timeout_s:.0f} s on its node(s); a job under "
+                        "trainwise calls run.step() after each optimizer step (or uses the "
+                        "trainwise callback of its framework), see docs/sdk.md; its job log "
+                        f"is under {agent_prefix(self.spec.run_id)}/starts in the store")
+                    code = 1
             if code is None and waited_s > self.segment_timeout_s:
                 self.failure = (f"job {self.job.name!r} launch {index} ran over "
                                 f"{self.segment_timeout_s:.0f} s")
@@ -324,6 +343,11 @@ class AgentJobLaunch:
                     and status.get("run_id") == self.spec.run_id:
                 found[start] = status
         return found
+
+    def _steps_seen(self) -> int:
+        """Rank 0's step records in the telemetry copied from the store so far."""
+        return step_records_written(self.run_dir / "telemetry" / self.spec.run_id,
+                                    self.spec.rank)
 
     def _outcome(self) -> dict[str, Any] | None:
         """Rank 0's outcome of the newest start that wrote one."""

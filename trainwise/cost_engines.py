@@ -270,7 +270,8 @@ def _gang(record: dict[str, Any], events: list[dict[str, Any]], source: str,
     bill_usd = float(record["cost_usd"])
     remainder_usd = bill_usd - known_usd
     bill = _Bill(
-        engine="in-process", source=source, bill_usd=bill_usd,
+        engine="node-agent" if record.get("runs_on") == "node agents" else "in-process",
+        source=source, bill_usd=bill_usd,
         fixed_usd=record.get("fixed_on_demand_usd"),
         waste_node_s=record.get("preemption_waste_node_s"), nodes=nodes,
         trained_s=trained_total, changeover_s=changeover, parts=parts,

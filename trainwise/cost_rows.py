@@ -39,7 +39,7 @@ class CostRow:
 class CostSummary:
     run_id: str
     run_dir: str
-    engine: str  # "supervised", "in-process", or "" without a bill
+    engine: str  # "supervised", "in-process", "node-agent", or "" without a bill
     bill_usd: float | None
     bill_source: str  # the file the bill was read from, or why there is none
     rows: tuple[CostRow, ...]

@@ -18,7 +18,7 @@ policy). A figure the folder cannot give is None with the reason, never a made-u
 
 Where the bill lives: `supervised.json` (the supervised engine, `trainwise.supervised_run`: every
 node's launch, notice and end in `figures.holdings`) or `gang.json` (the in-process engine,
-`trainwise.gang`: launches and notices in `history`, the bill, the seconds trained; a reclaimed
+or the node-agent engine when `trainwise.agent_launch` ran the job on its nodes; `trainwise.gang`: launches and notices in `history`, the bill, the seconds trained; a reclaimed
 node's minutes after its notice are not timed there, so they are the bill's remainder over the
 timed node-seconds). Node-seconds are on the provider's clock: the emulated provider replays its
 trace fast (`speed` provider seconds per wall second), so a 50 ms save on this machine is billed
@@ -53,6 +53,10 @@ from trainwise.cost_rows import (
     CostRow,
     CostSummary,
 )
+
+# The engines whose bill is gang.json's (trainwise.gang): the job in this process or a torchrun
+# gang it started ("in-process"), or the node agents of trainwise.agent_launch ("node-agent").
+GANG_ENGINES = ("in-process", "node-agent")
 
 
 # -- figures from the telemetry ----------------------------------------------------------------
@@ -92,7 +96,7 @@ def _on_clock(bill: _Bill, wall_s: float, at_wall: float, priced, part: _Part,
 
 def _telemetry_parts(bill: _Bill, events: list[dict[str, Any]]) -> dict[str, _Part]:
     if not events:  # unknown, not none: every row measured from the telemetry says so
-        keys = ["checkpoint", "straggler"] + (["replayed"] if bill.engine == "in-process" else [])
+        keys = ["checkpoint", "straggler"] + (["replayed"] if bill.engine in GANG_ENGINES else [])
         if "tail" not in bill.waste_keys and bill.engine != "in-process":
             keys.append("tail")
         return {k: _Part(None, None, "", "no readable telemetry in the run folder") for k in keys}
@@ -124,6 +128,11 @@ def _telemetry_parts(bill: _Bill, events: list[dict[str, Any]]) -> dict[str, _Pa
     if bill.engine == "in-process":
         tail.caused_by = (f"none billed: the provider clock stops at the last fast tick, so the "
                           f"final eval and save ({final_ms:.0f} ms) are not on the bill")
+    elif bill.engine == "node-agent":
+        tail.node_s = tail.usd = None
+        tail.why_missing = (f"inside training: the launcher's clock runs until the node agents "
+                            f"report the job's exit, so its final eval and save ({final_ms:.0f} "
+                            "ms) and exit are billed as training")
     elif "tail" in bill.waste_keys:
         tail.caused_by = (f"final eval, save ({final_ms:.0f} ms) and exit, billed as a shutdown "
                           "(the clock froze at the last step)")
@@ -166,7 +175,7 @@ def _telemetry_parts(bill: _Bill, events: list[dict[str, Any]]) -> dict[str, _Pa
             straggler.why_missing = bill.speed_why
     parts["straggler"] = straggler
 
-    if bill.engine == "in-process":  # re-run steps are training time on this engine
+    if bill.engine in GANG_ENGINES:  # re-run steps are training time on these engines
         again = [e for e, r in zip(steps, replayed(e["step"] for e in steps), strict=True) if r]
         rerun = _Part(caused_by=f"{len(again)} step(s) re-run after resumes"
                       + (" (billed as training by this engine, not as waste)" if again else

@@ -207,6 +207,10 @@ class GangSession:
     # The trainer's last step this session saw (its fast ticks); stamped on the bill events.
     last_step: int = 0
     _meter: Any = None  # telemetry.bill.BillMeter: the bill, as it grows, in the telemetry
+    # Where the job's processes ran: "" (this process, or a torchrun gang it started) or
+    # "node agents" (trainwise.agent_launch: the agents on the session's nodes). The cost
+    # summary names its engine by it.
+    runs_on: str = ""
 
     # -- set up -----------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -518,6 +522,7 @@ class GangSession:
             "fallbacks": self.fallbacks, "failure": self.failure,
             "launched": [asdict(n) for n in self.provider.nodes()],
             "history": self.history, "replay": replay_record(self.provider),
+            "runs_on": self.runs_on or "this process",
             # A torchrun gang (on_stop set by TorchrunGang): rank r runs on node r; else the one
             # process trains for all nodes.
             "world_size": len(self.nodes) if self.on_stop is not None else 1,

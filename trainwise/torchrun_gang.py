@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cloud.providers import NodeHandle
+from telemetry.reader import step_records_written
 from training.safe_files import replace_with_new, write_atomic
 
 if TYPE_CHECKING:
@@ -195,9 +196,7 @@ class TorchrunGang:
 
     def _steps_seen(self, rank: int) -> int:
         run_id = self.spec["config"].get("run_id") or ""
-        folder = Path(self.spec["out_dir"]) / "telemetry" / run_id / f"rank{rank}"
-        return sum(p.read_text(errors="replace").count('"type":"step"')
-                   for p in folder.glob("*.jsonl")) if folder.is_dir() else 0
+        return step_records_written(Path(self.spec["out_dir"]) / "telemetry" / run_id, rank)
 
     def _tell(self, nodes: list[NodeHandle], reason: str) -> dict[str, Any]:
         """SIGTERM to the noticed nodes' ranks (the whole gang's stop: rank 0; one is enough,

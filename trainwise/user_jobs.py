@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from telemetry.reader import step_records_written
 from training.safe_files import replace_with_new, write_atomic
 from trainwise.gang import GangSession
 from trainwise.sdk.entry import CHECK_FAILED_EXIT_CODE
@@ -228,11 +229,8 @@ class UserJobLaunch:
         return {"what": f"SIGTERM to the job (pid {child.pid})", "pid": child.pid}
 
     def _steps_seen(self) -> int:
-        folder = self.run_dir / "telemetry" / self.spec.run_id / f"rank{self.spec.rank}"
-        if not folder.is_dir():
-            return 0
-        return sum(p.read_text(errors="replace").count('"type":"step"')
-                   for p in folder.glob("*.jsonl"))
+        return step_records_written(self.run_dir / "telemetry" / self.spec.run_id,
+                                    self.spec.rank)
 
     def _outcome(self) -> dict[str, Any] | None:
         try:
