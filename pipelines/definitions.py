@@ -47,4 +47,11 @@ defs = dg.Definitions(
     schedules=policies.POLICY_DEFS["schedules"],
     sensors=[slow_policy_sensor, orphan_nodes_sensor],
     resources=launchpad_resources(),
+    # Every job here is a chain (shards -> scores -> curriculum -> training) or one asset, so
+    # a process per step buys no parallelism; it cost each launched run one import of this code
+    # location per step (5-7 s each on 2 cores): a 12-step demo launched through the daemon took
+    # 52.6 s with a process per step and 20.4 s in one (tests/test_integration_dagster_ui.py,
+    # idle 2-core machine). Runs still get a process each (the daemon's run launcher); the steps
+    # of one run share it, as they do in execute_in_process.
+    executor=dg.in_process_executor,
 )

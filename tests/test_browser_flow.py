@@ -18,8 +18,8 @@ Each step leaves a screenshot under test-artifacts/browser/.
 
 Runs are kept small (4 training steps, the embedded-size forecast) so the module runs in
 `make test`: about 5 minutes on two busy cores, most of it each run's process importing the
-code location. Run configs ask for the in-process executor: the default multiprocess one
-starts a Python process per step, minutes each on a loaded machine.
+code location. The code location's executor is in-process (pipelines/definitions.py), so the run
+configs below are what a person types: no executor setting.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ from trainwise import approvals
 pytestmark = pytest.mark.integration
 
 PARTITION = "pystdlib"
-IN_PROCESS = "execution:\n  config:\n    in_process: {}\n"
 NEW_POLICY = "skypilot_failover"
 # Small and fast: the embedded-size forecast (as tests/test_approvals.py) and an allocation-only
 # change (its eval-loss change is 0 by construction) whose savings clear the minimum.
@@ -156,7 +155,7 @@ def test_ui_shows_the_asset_graph(browser_ui):
 @pytest.mark.timeout(900)
 def test_demo_launched_for_a_partition_from_the_launchpad_succeeds(browser_ui):
     page, url, state, seen = browser_ui
-    config = (IN_PROCESS + "ops:\n  checkpoint:\n    config:\n      max_steps: 4\n"
+    config = ("ops:\n  checkpoint:\n    config:\n      max_steps: 4\n"
               "      eval_every_steps: 2\n  curriculum:\n    config:\n      pruning_rate: 0.0\n")
     run_id = _run(page, url, state, "demo", config, "SUCCESS", PARTITION, shot="02-demo")
     text = bs.run_page_text(page, "RUN_SUCCESS", "02-demo-run")
@@ -173,7 +172,7 @@ def test_demo_launched_for_a_partition_from_the_launchpad_succeeds(browser_ui):
 def test_the_forecast_of_the_partitions_job_is_shown_before_a_launch(browser_ui):
     page, url, state, seen = browser_ui
     _needs(seen, "demo_run", "demo launched for a partition")
-    config = (IN_PROCESS + "ops:\n  cost_forecast:\n    config:\n      log_to_mlflow: false\n"
+    config = ("ops:\n  cost_forecast:\n    config:\n      log_to_mlflow: false\n"
               "      max_steps: 4\n")
     run_id = _run(page, url, state, "forecast", config, "SUCCESS", shot="02b-forecast")
     bs.run_page_text(page, "Check p90_within_budget succeeded", "02b-forecast-check-passes")
@@ -260,7 +259,7 @@ def test_prometheus_ui_shows_the_demo_run_cost_scraped_from_the_exporter(browser
 @pytest.mark.timeout(900)
 def test_unapproved_schedule_change_is_blocked_by_its_gate(browser_ui):
     page, url, state, seen = browser_ui
-    config = (IN_PROCESS + f"ops:\n  schedule_change:\n    config:\n"
+    config = (f"ops:\n  schedule_change:\n    config:\n"
               f"      allocation_policy: {NEW_POLICY}\n      reason: cheaper failover\n")
     run_id = _run(page, url, state, "schedule_propose", config, "FAILURE", shot="03-propose")
     text = bs.run_page_text(page, "Check schedule_approved failed", "03-propose-gate-blocks")
@@ -276,7 +275,7 @@ def test_unapproved_schedule_change_is_blocked_by_its_gate(browser_ui):
 def test_approval_from_the_launchpad_passes_the_gate_and_the_change_goes_live(browser_ui):
     page, url, state, seen = browser_ui
     content_hash = _needs(seen, "proposal_hash", "unapproved schedule change is blocked")
-    config = (IN_PROCESS + "ops:\n  approvals:\n    config:\n      approver: ada\n"
+    config = ("ops:\n  approvals:\n    config:\n      approver: ada\n"
               f"      content_hash: '{content_hash}'\n      comment: failover is cheaper\n")
     _run(page, url, state, "schedule_approve", config, "SUCCESS", shot="04-approve")
     text = bs.run_page_text(page, "Check schedule_approved succeeded",
@@ -299,7 +298,7 @@ def test_the_next_run_launched_from_the_launchpad_starts_on_the_approved_schedul
 
     version = schedule_lib.version_of(approvals.current_schedule(state / "governance" /
                                                                  "schedule"))
-    config = (IN_PROCESS + "ops:\n  checkpoint:\n    config:\n      max_steps: 4\n"
+    config = ("ops:\n  checkpoint:\n    config:\n      max_steps: 4\n"
               "      eval_every_steps: 2\n")
     run_id = _run(page, url, state, "demo", config, "SUCCESS", PARTITION, shot="04b-next-run")
     bs.run_page_text(page, "RUN_SUCCESS", "04b-next-run-page")
@@ -327,14 +326,14 @@ def test_a_published_schedule_is_rolled_back_through_the_same_gate(browser_ui):
 
     before = [v for v in approvals.published_versions(folder) if v["version"] != approved]
     assert before, "the schedule in force before the approval is not among the published ones"
-    config = (IN_PROCESS + "ops:\n  schedule_change:\n    config:\n      rollback_to: previous\n"
+    config = ("ops:\n  schedule_change:\n    config:\n      rollback_to: previous\n"
               "      reason: failover cost more than forecast\n")
     run_id = _run(page, url, state, "schedule_propose", config, "FAILURE", shot="04c-rollback")
     text = bs.run_page_text(page, "Check schedule_approved failed", "04c-rollback-blocked")
     found = HASH.search(text)
     assert found, f"the gate's 'proposal <hash> blocked' is not on the run page of {run_id}"
     assert schedule_lib.version_of(approvals.current_schedule(folder)) == approved  # not yet
-    config = (IN_PROCESS + "ops:\n  approvals:\n    config:\n      approver: ada\n"
+    config = ("ops:\n  approvals:\n    config:\n      approver: ada\n"
               f"      content_hash: '{found.group(1)}'\n      comment: back to the last one\n")
     _run(page, url, state, "schedule_approve", config, "SUCCESS", shot="04c-rollback-approve")
     text = bs.run_page_text(page, "Check schedule_approved succeeded", "04c-rollback-passes")
@@ -349,7 +348,7 @@ def test_a_published_schedule_is_rolled_back_through_the_same_gate(browser_ui):
 def test_curriculum_rollback_from_the_launchpad_restores_the_previous_version(browser_ui):
     page, url, state, seen = browser_ui
     first = _needs(seen, "first_curriculum", "demo launched for a partition")
-    refresh = (IN_PROCESS + "ops:\n  curriculum:\n    config:\n      pruning_rate: 0.4\n"
+    refresh = ("ops:\n  curriculum:\n    config:\n      pruning_rate: 0.4\n"
                "      reason: prune more\n")
     _run(page, url, state, "curriculum_refresh", refresh, "SUCCESS", PARTITION, shot="05-refresh")
     text = bs.run_page_text(page, "RUN_SUCCESS", "05-refresh-run")
@@ -358,7 +357,7 @@ def test_curriculum_rollback_from_the_launchpad_restores_the_previous_version(br
     folder = state / "curricula" / PARTITION
     assert curriculum_lib.current_version(folder) == second
 
-    rollback = (IN_PROCESS + f"ops:\n  curriculum:\n    config:\n      restore_version: "
+    rollback = (f"ops:\n  curriculum:\n    config:\n      restore_version: "
                 f"'{first}'\n      reason: eval loss regressed at 0.4\n      requested_by: ada\n")
     _run(page, url, state, "curriculum_rollback", rollback, "SUCCESS", PARTITION,
          shot="05-rollback")
@@ -404,7 +403,7 @@ def test_policy_rollback_from_the_launchpad_restores_the_previous_champion(brows
     page, url, state, _ = browser_ui
     _stage_two_fast_champions(state)
     folder = state / "policies" / "fast" / REGION
-    config = (IN_PROCESS + "ops:\n  policy_rollback:\n    config:\n      kind: fast\n"
+    config = ("ops:\n  policy_rollback:\n    config:\n      kind: fast\n"
               "      restore_version: 1\n      reason: v2 slowed gang jobs\n"
               "      requested_by: ada\n")
     run_id = _run(page, url, state, "champion_rollback", config, "SUCCESS", REGION,
@@ -467,19 +466,19 @@ def test_an_approved_change_switches_the_running_job_at_the_sensors_next_tick(br
     folder = state / "governance" / "schedule"
     before = schedule_lib.version_of(approvals.current_schedule(folder))
     # Long enough to be live through the approval; over the budget, so it says why it may run.
-    config = (IN_PROCESS + "ops:\n  checkpoint:\n    config:\n      max_steps: 20000\n"
+    config = ("ops:\n  checkpoint:\n    config:\n      max_steps: 20000\n"
               "      schedule_override_reason: browser test, a run long enough to switch live\n")
     run_id = bs.launch_from_launchpad(page, url, "train", config, PARTITION, shot="09-live-train")
     sensor_id = ""
     try:
         _poll(lambda: [d for d in _fast_decisions(state, run_id)
                        if d["schedule_version"] == before], "the run's first fast decisions", 300)
-        propose = (IN_PROCESS + "ops:\n  schedule_change:\n    config:\n      fast_policy: noop\n"
+        propose = ("ops:\n  schedule_change:\n    config:\n      fast_policy: noop\n"
                    "      reason: the heuristic's batch changes are not paying\n")
         _run(page, url, state, "schedule_propose", propose, "FAILURE", shot="09-live-propose")
         text = bs.run_page_text(page, "Check schedule_approved failed", "09-live-blocked")
         content_hash = HASH.search(text).group(1)
-        approve = (IN_PROCESS + "ops:\n  approvals:\n    config:\n      approver: ada\n"
+        approve = ("ops:\n  approvals:\n    config:\n      approver: ada\n"
                    f"      content_hash: '{content_hash}'\n      comment: switch it live\n")
         _run(page, url, state, "schedule_approve", approve, "SUCCESS", shot="09-live-approve")
         after = schedule_lib.version_of(approvals.current_schedule(folder))

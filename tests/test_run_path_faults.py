@@ -291,8 +291,8 @@ def test_preempted_dagster_run_fails_and_its_reexecution_resumes(state, monkeypa
     monkeypatch.setenv("TRAINWISE_HOME", str(state))
     monkeypatch.setattr(runs, "fast_policy", lambda name: SigtermAt(2))
     run_config = {
-        # In-process, so this process's fast policy (and its notice) is the one that runs.
-        "execution": {"config": {"in_process": {}}},
+        # The code location's executor is in-process, so this process's fast policy (and its
+        # notice) is the one that runs, in the re-execution below too.
         "ops": {"checkpoint": {"config": {"max_steps": 6, "micro_batch_size": 4,
                                           "eval_every_steps": 50, "fast_every_steps": 2}}},
     }

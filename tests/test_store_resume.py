@@ -76,7 +76,6 @@ def test_dagster_reexecution_on_a_new_node_resumes_from_the_store(state, monkeyp
     monkeypatch.setenv("TRAINWISE_HOME", str(state))
     monkeypatch.setattr(runs, "fast_policy", lambda name: SigtermAt(2))
     run_config = {
-        "execution": {"config": {"in_process": {}}},
         "ops": {"checkpoint": {"config": {"max_steps": 6, "micro_batch_size": 4,
                                           "eval_every_steps": 50, "fast_every_steps": 2}}},
     }
