@@ -58,7 +58,7 @@ def _failure_messages(result: dg.ExecuteInProcessResult) -> str:
     return "\n".join(lines)
 
 
-def run_demo(partition: str = "", max_steps: int = 300) -> str:
+def run_demo(partition: str = "", max_steps: int = 600) -> str:
     partition = partition or default_partition()
     check_before_demo()
     # The summary says where MLflow is; its table-creation notices are noise here.
