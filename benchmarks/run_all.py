@@ -31,6 +31,7 @@ SUITES = {
     "sdk_overhead": "benchmarks.sdk_overhead",
     "trainer_speed": "benchmarks.trainer_speed",
     "cluster": "benchmarks.cluster",
+    "ui_launch": "benchmarks.ui_launch",
 }
 
 

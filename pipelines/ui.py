@@ -121,12 +121,18 @@ _WORKSPACE_QUERY = """
     locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
 
 
-def _location_entries(url: str) -> list[dict]:
-    body = json.dumps({"query": _WORKSPACE_QUERY}).encode()
+def graphql_payload(url: str, query: str, variables: dict | None = None,
+                    timeout_s: float = 60.0) -> dict:
+    """The webserver's whole GraphQL answer (`data`, and `errors` when there are any)."""
+    body = json.dumps({"query": query, "variables": variables or {}}).encode()
     request = urllib.request.Request(f"{url}/graphql", data=body,
                                      headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        payload = json.loads(response.read())
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return json.loads(response.read())
+
+
+def _location_entries(url: str) -> list[dict]:
+    payload = graphql_payload(url, _WORKSPACE_QUERY, timeout_s=30)
     workspace = (payload.get("data") or {}).get("workspaceOrError") or {}
     return workspace.get("locationEntries") or []
 

@@ -9,11 +9,9 @@ assertions are then made on the page the user sees.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -124,11 +122,7 @@ def pick_partition(page, partition: str, shot: str, tries: int = 3) -> None:
 
 
 def graphql(url: str, query: str, variables: dict | None = None) -> dict:
-    body = json.dumps({"query": query, "variables": variables or {}}).encode()
-    request = urllib.request.Request(f"{url}/graphql", data=body,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        payload = json.loads(response.read())
+    payload = ui.graphql_payload(url, query, variables)
     assert "errors" not in payload, payload
     return payload["data"]
 
