@@ -36,6 +36,7 @@ from typing import Any
 
 from benchmarks.results_io import write_suite_results
 from pipelines import ui
+from trainwise import deployment
 
 NAME = "ui_launch"
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -111,7 +112,7 @@ def measure(runs: int, steps: int) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="trainwise-ui-launch-"))
     home = root / "dagster_home"
     home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    (home / "dagster.yaml").write_text(deployment.instance_yaml(postgres=False))  # as `make ui`
     env = {"DAGSTER_HOME": str(home), "TRAINWISE_HOME": str(root / "state"),
            "TRAINWISE_MLFLOW_URI": "", "TRAINWISE_S3_BUCKET": "", "TRAINWISE_DUCKDB_PATH": "",
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipelines import ui
+from trainwise import deployment
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
 LOCATION = "trainwise"
@@ -61,7 +62,7 @@ def start_ui(root: Path, extra_env: dict[str, str]) -> tuple[str, list, dict[str
 
     home = root / "dagster_home"
     home.mkdir(parents=True, exist_ok=True)
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    (home / "dagster.yaml").write_text(deployment.instance_yaml(postgres=False))  # as `make ui`
     env = {"DAGSTER_HOME": str(home), "TRAINWISE_HOME": str(root / "state"),
            "TRAINWISE_MLFLOW_URI": "", "TRAINWISE_S3_BUCKET": "", "TRAINWISE_DUCKDB_PATH": "",
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1",

@@ -7,6 +7,7 @@ import pytest
 from pipelines import ui
 from tests import servers
 from tests.browser_support import graphql as _graphql
+from trainwise import deployment
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +34,7 @@ def dagster_url(tmp_path_factory):
     root = tmp_path_factory.mktemp("dagster")
     home = root / "dagster_home"
     home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    (home / "dagster.yaml").write_text(deployment.instance_yaml(postgres=False))  # as `make ui`
     port = servers.free_port()
     env = {"DAGSTER_HOME": str(home), "TRAINWISE_HOME": str(root / "state"),
            "TRAINWISE_MLFLOW_URI": "", "TRAINWISE_S3_BUCKET": "",

@@ -39,7 +39,19 @@ def test_embedded_sqlite_stays_the_default(monkeypatch, tmp_path):
     assert "storage" not in deployment.instance_config()
     assert deployment.write_instance_yaml(tmp_path)
     assert yaml.safe_load((tmp_path / "dagster.yaml").read_text()) == {
-        "telemetry": {"enabled": False}}
+        "telemetry": {"enabled": False}, "run_coordinator": deployment.RUN_QUEUE}
+
+
+def test_the_written_instance_drains_its_run_queue_every_second(monkeypatch, tmp_path):
+    import dagster as dg
+
+    monkeypatch.delenv("TRAINWISE_POSTGRES_URL", raising=False)
+    deployment.write_instance_yaml(tmp_path)
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    with dg.DagsterInstance.get() as instance:  # Dagster's own reading of the file
+        coordinator = instance.run_coordinator
+        assert type(coordinator).__name__ == "QueuedRunCoordinator"
+        assert coordinator.dequeue_interval_seconds == 1
 
 
 def test_postgres_url_moves_dagster_storage_and_mlflow(monkeypatch, tmp_path):
