@@ -17,7 +17,6 @@ import os
 from pathlib import Path
 
 import dagster as dg
-from dagster_aws.s3 import S3Resource
 
 from trainwise import settings
 from trainwise.object_store import LocalObjectStore, ObjectStore, S3ObjectStore
@@ -81,6 +80,10 @@ class ObjectStoreResource(dg.ConfigurableResource):
             root = Path(self.local_root) if self.local_root else settings.home_dir() / "objects"
             return LocalObjectStore(root)
         endpoint = self.endpoint_url or settings.get("TRAINWISE_S3_ENDPOINT_URL") or None
+        # Imported here: dagster_aws's package import (0.7 s, its components pull in Dagster's
+        # test utilities) was paid by every run process and code server, S3 or not.
+        from dagster_aws.s3 import S3Resource
+
         client = S3Resource(endpoint_url=endpoint, region_name=self.region_name).get_client()
         return S3ObjectStore(client, bucket, self.prefix or settings.get("TRAINWISE_S3_PREFIX"))
 
