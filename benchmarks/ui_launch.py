@@ -41,15 +41,7 @@ from trainwise import deployment
 NAME = "ui_launch"
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PARTITION = "pystdlib"
-LAUNCH = """
-mutation Launch($executionParams: ExecutionParams!) {
-  launchPipelineExecution(executionParams: $executionParams) {
-    __typename
-    ... on LaunchRunSuccess { run { runId } }
-    ... on PythonError { message }
-    ... on RunConfigValidationInvalid { errors { message } }
-  }
-}"""
+LAUNCH = ui.LAUNCH_RUN
 RUN = """
 query Run($runId: ID!) { runOrError(runId: $runId) { __typename ... on Run {
   status startTime endTime stepStats { stepKey status startTime endTime } } } }"""

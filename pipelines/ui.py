@@ -121,6 +121,20 @@ _WORKSPACE_QUERY = """
     locationOrLoadError { __typename ... on PythonError { message } } } } } }"""
 
 
+# What the Launchpad's "Launch run" sends (variables: executionParams with the job's selector,
+# runConfigData and the partition tag), with every answer type it can get.
+LAUNCH_RUN = """
+mutation Launch($executionParams: ExecutionParams!) {
+  launchPipelineExecution(executionParams: $executionParams) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on PythonError { message }
+    ... on RunConfigValidationInvalid { errors { message } }
+    ... on InvalidSubsetError { message }
+  }
+}"""
+
+
 def graphql_payload(url: str, query: str, variables: dict | None = None,
                     timeout_s: float = 60.0) -> dict:
     """The webserver's whole GraphQL answer (`data`, and `errors` when there are any)."""

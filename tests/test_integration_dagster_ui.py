@@ -11,16 +11,7 @@ from trainwise import deployment
 
 pytestmark = pytest.mark.integration
 
-LAUNCH = """
-mutation Launch($executionParams: ExecutionParams!) {
-  launchPipelineExecution(executionParams: $executionParams) {
-    __typename
-    ... on LaunchRunSuccess { run { runId } }
-    ... on PythonError { message }
-    ... on RunConfigValidationInvalid { errors { message } }
-    ... on InvalidSubsetError { message }
-  }
-}"""
+LAUNCH = ui.LAUNCH_RUN
 GRAPH = """
 { assetNodes { assetKey { path } dependencyKeys { path } }
   repositoriesOrError { ... on RepositoryConnection { nodes { name location { name }
