@@ -17,10 +17,11 @@ names the decisions that caused it (the decision records' policy and reason, or 
 policy). A figure the folder cannot give is None with the reason, never a made-up 0.
 
 Where the bill lives: `supervised.json` (the supervised engine, `trainwise.supervised_run`: every
-node's launch, notice and end in `figures.holdings`) or `gang.json` (the in-process engine,
-or the node-agent engine when `trainwise.agent_launch` ran the job on its nodes; `trainwise.gang`: launches and notices in `history`, the bill, the seconds trained; a reclaimed
-node's minutes after its notice are not timed there, so they are the bill's remainder over the
-timed node-seconds). Node-seconds are on the provider's clock: the emulated provider replays its
+node's launch, notice and end in `figures.holdings`) or `gang.json` (the in-process engine, or
+the node-agent engine when `trainwise.agent_launch` ran the job on its nodes; `trainwise.gang`:
+launches and notices in `history`, the bill, the seconds trained; a reclaimed node's minutes
+after its notice are not timed there, so they are the bill's remainder over the timed
+node-seconds). Node-seconds are on the provider's clock: the emulated provider replays its
 trace fast (`speed` provider seconds per wall second), so a 50 ms save on this machine is billed
 as 50 ms x speed node-seconds.
 
