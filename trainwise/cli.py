@@ -43,7 +43,8 @@ def _prepare_environment() -> Path:
     dagster_home.mkdir(parents=True, exist_ok=True)
     from trainwise import deployment
 
-    # Telemetry off; PostgreSQL storage when TRAINWISE_POSTGRES_URL is set; a user's own file is kept.
+    # Telemetry off, the run queue drained every second, PostgreSQL storage when
+    # TRAINWISE_POSTGRES_URL is set; a user's own file is kept.
     deployment.write_instance_yaml(dagster_home)
     os.environ.setdefault("DAGSTER_HOME", str(dagster_home))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
