@@ -10,6 +10,7 @@ import json
 import math
 import os
 import signal
+import time
 
 import pytest
 
@@ -218,8 +219,25 @@ def test_the_live_risk_makes_the_heuristic_checkpoint_in_the_run(tmp_path):
 
 
 # -- the answer to a notice ----------------------------------------------------------------------
-def test_a_long_notice_gets_the_policys_checkpoint_at_the_notice_step(tmp_path):
+def unsaved_work_outweighs_a_save(monkeypatch, after_step: int, seconds: float = 1.0) -> None:
+    """Steps past `after_step` (the loop's 0-based step argument) take `seconds` more, so the work
+    since the last checkpoint is worth more than a save of the tiny model costs however loaded the
+    machine is: on a busy box one save's fsync can outlast three unpadded tiny steps, and the
+    heuristic then rightly says the last checkpoint covers the notice."""
+    real_step = loop_run.train_step
+
+    def padded_step(**kwargs):
+        outcome = real_step(**kwargs)
+        if kwargs["step"] >= after_step:
+            time.sleep(seconds / 3)
+        return outcome
+
+    monkeypatch.setattr(loop_run, "train_step", padded_step)
+
+
+def test_a_long_notice_gets_the_policys_checkpoint_at_the_notice_step(tmp_path, monkeypatch):
     examples = text_examples()
+    unsaved_work_outweighs_a_save(monkeypatch, after_step=5)
     policy = Notified(HeuristicFastPolicy(), sigterm_at=8)
     result = train(tiny_config(checkpoint_every_steps=5), examples, None, tmp_path,
                    fast_policy=policy)
@@ -241,6 +259,7 @@ def test_a_notice_during_a_step_is_answered_at_the_periodic_tick(tmp_path, monke
         outcome = real_step(**kwargs)
         if kwargs["step"] == 9:  # the notice lands while step 10 is computed
             os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)  # unsaved work worth more than a save on a loaded box (see above)
         return outcome
 
     monkeypatch.setattr(loop_run, "train_step", step_with_notice)
