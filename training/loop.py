@@ -275,6 +275,7 @@ def train(
     pruning: DynamicPruningConfig | None = None,
     on_checkpoint: Callable[[CheckpointInfo], None] | None = None,
     emulation: distributed.Emulation | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> TrainResult:
     """Trains (or resumes) a run and returns where it stands; see the module docstring.
 
@@ -283,6 +284,8 @@ def train(
     (item 6 of the module docstring); None keeps the static curriculum sampler. `resume_from`:
     a checkpoint file or a checkpoint folder. `on_checkpoint`: called (from the persist thread
     for background checkpoints) once a checkpoint is durable; it must return quickly.
+    `on_start`: called once the model is built, restored and its run start recorded, just
+    before the first step of this call (the node's clock of `trainwise.gang` starts there).
 
     Under torchrun with more than one rank (torch.distributed initialised, e.g. by
     `training.ddp_worker`) every rank calls `train` with the same arguments and trains its
@@ -323,7 +326,7 @@ def train(
             config, examples, curriculum, out_dir, model_kind=model_kind,
             model_config=model_config, started=started, fast_policy=fast_policy,
             resume_from=resume_from, progress=progress, stop_after_steps=stop_after_steps,
-            pruning=pruning, on_checkpoint=on_checkpoint, ctx=ctx,
+            pruning=pruning, on_checkpoint=on_checkpoint, ctx=ctx, on_start=on_start,
         )
 
 
@@ -343,6 +346,7 @@ def _train_locked(
     pruning: DynamicPruningConfig | None,
     on_checkpoint: Callable[[CheckpointInfo], None] | None,
     ctx: distributed.DistContext | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> TrainResult:
     fingerprint = model_fingerprint(model_kind, model_config)
     resume = None
@@ -434,6 +438,8 @@ def _train_locked(
                 billing_warnings=list(billing.warnings),
             ))
             try:
+                if on_start is not None:
+                    on_start()
                 status = loop.execute(progress=progress, stop_after_steps=stop_after_steps)
             except BaseException as error:
                 loop.drain()  # a background checkpoint in flight still becomes durable

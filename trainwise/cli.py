@@ -239,8 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the whole chain headless and print a summary")
     demo.add_argument("--partition", default="", help="data set (default: tinyshakespeare, "
                       "or pystdlib when the shared data is missing)")
-    # 600: long enough to meet the demo window's reclaim (26 s of wall into the replay) on this
-    # machine's trainer; at 300 steps (24 s of training) it finished before it.
+    # 600: the replay is paced at 6 steps per trace tick (pipelines/headless.py), so the demo
+    # window's reclaim (tick 52) comes near step 300 on any machine.
     demo.add_argument("--steps", type=int, default=600, help="training steps (default 600)")
     demo.set_defaults(func=_cmd_demo)
 

@@ -32,8 +32,10 @@ on, and the provider's bill is the run's cloud bill. `GangSession`, in order:
    node is released and replaced (`replace_noticed`), and the gang restarts at the same world
    size from the store. The train job runs one when its allocation holds more than one node.
 
-Time: the replayed trace runs accelerated (`seconds_per_tick` wall seconds per trace tick); the
-training does not (its steps take their real time). Node seconds are on the provider's clock.
+Time: the replayed trace runs accelerated (`seconds_per_tick` wall seconds per trace tick, fixed,
+or paced by the run's measured step: `trainwise.replay_pace`); the training does not (its steps
+take their real time). Node seconds are on the provider's clock, which runs from the loop's
+first step (`resume_clock`: the set-up before it is inside the changeover the boot modelled).
 """
 
 from __future__ import annotations
@@ -211,6 +213,9 @@ class GangSession:
     # "node agents" (trainwise.agent_launch: the agents on the session's nodes). The cost
     # summary names its engine by it.
     runs_on: str = ""
+    # Why the emulated replay runs at its speed when the run paced it (trainwise.replay_pace);
+    # recorded before the launch, so `explain` shows it.
+    replay_pace: str = ""
 
     # -- set up -----------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -230,6 +235,8 @@ class GangSession:
         """Launch the allocation (its errors propagate: nothing trained yet) and boot it."""
         self._last_wall_s = time.monotonic()
         self._acted_on = self._wanted()
+        if self.replay_pace:
+            self._record("replay_pace", self.replay_pace, {})
         self._launch(self.allocation, "start")
         return self.nodes
 
@@ -344,12 +351,13 @@ class GangSession:
         if self.on_stop is not None:
             done = self.on_stop(list(self.noticed), reason)
             self._record("notice", f"{reason}: {done.get('what', 'the gang was told')}",
-                         {"noticed": [n.node_id for n in self.noticed], **done})
+                         {"noticed": [n.node_id for n in self.noticed], "step": self.last_step,
+                          **done})
             return
         # The loop in this process is told directly (`training.loop.request_stop`), as a node
         # agent's SIGTERM would tell it: no process signals itself.
         self._record("notice", f"{reason}: stop requested of the training loop in pid "
-                     f"{os.getpid()}", {"pid": os.getpid()})
+                     f"{os.getpid()}", {"pid": os.getpid(), "step": self.last_step})
         from training.loop import request_stop  # torch-heavy: loaded with the loop it stops
 
         request_stop(f"provider notice ({reason[:80]})")
@@ -522,6 +530,7 @@ class GangSession:
             "fallbacks": self.fallbacks, "failure": self.failure,
             "launched": [asdict(n) for n in self.provider.nodes()],
             "history": self.history, "replay": replay_record(self.provider),
+            "replay_pace": self.replay_pace,
             "runs_on": self.runs_on or "this process",
             # A torchrun gang (on_stop set by TorchrunGang): rank r runs on node r; else the one
             # process trains for all nodes.

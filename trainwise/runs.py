@@ -337,6 +337,15 @@ def validate_request(request: TrainRequest) -> None:
 
     check_goodput_ranks(request.fast_policy, request.nodes)
     _check_lever_guard(request)
+    pace = request.replay_steps_per_tick
+    if isinstance(pace, bool) or not isinstance(pace, (int, float)) or not (
+            math.isfinite(pace) and pace >= 0):
+        raise ValueError(f"replay_steps_per_tick={pace!r} must be a finite number >= 0 (0: the "
+                         "provider's fixed replay speed)")
+    if pace and request.allocation_policy:
+        raise ValueError(f"replay_steps_per_tick={pace!r} paces the in-process engine's replay; "
+                         f"under allocation_policy={request.allocation_policy!r} the supervised "
+                         "engine sets its own speed: set replay_steps_per_tick to 0")
     if request.allocation_policy:
         from cloud.policy_registry import registered_names
 
@@ -665,14 +674,19 @@ def run_training(
     # the MLflow tail skips these and follows everything this call writes, bills included.
     earlier_segments = mlflow_live.segments_now(run_dir / "telemetry" / request.run_id)
     if not supervised:
+        pace = None
+        if provider is None:
+            from trainwise import replay_pace
+
+            provider, pace = replay_pace.paced_provider(request, config, examples)
         session = gang.GangSession(
-            provider if provider is not None else gang.provider_for_run(request.instance_type,
-                                                                        request.region),
+            provider,
             gang.read_allocation(run_dir) or gang.Allocation(
                 market=request.market, zone=request.zone, nodes=request.nodes,
                 reason="the train request", source="request"),
             request.instance_type, run_dir, request.run_id, region=request.region,
-            schedule_version=request.schedule_version)
+            schedule_version=request.schedule_version,
+            replay_pace=pace.reason if pace is not None else "")
         # More than one node: one torchrun rank per node (trainwise.torchrun_gang); what the
         # ranks cannot run yet is refused here, before any node is launched.
         ranks = session.allocation.nodes > 1
@@ -751,10 +765,13 @@ def run_training(
                 key_prefix=checkpoint_prefix(request.partition, request.run_id),
                 upload_timeout_s=upload_timeout_s)
         while session is not None and not ranks:
+            # The set-up since the boot (MLflow, the uploader, building and restoring the model)
+            # is inside the changeover the boot modelled: the provider's clock runs from the
+            # loop's first step, as a gang's does (torchrun_gang).
             result = loop.train(config, examples, curriculum, run_dir,
                                 fast_policy=session.policy(policy), progress=progress,
                                 pruning=pruning, resume_from=resume_from,
-                                on_checkpoint=uploader.submit)
+                                on_checkpoint=uploader.submit, on_start=session.resume_clock)
             if result.status == "completed" or not session.stop_reason:
                 break
             # Our own SIGTERM (a reclaim, or the slow layer's new allocation): the node goes,
