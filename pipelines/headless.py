@@ -59,7 +59,7 @@ def _failure_messages(result: dg.ExecuteInProcessResult) -> str:
 
 
 # Trainer steps per replayed trace tick (trainwise/replay_pace.py): the replay's speed is set
-# from the step time measured at start, so the demo window's reclaim (tick 52) meets the run
+# from the loop's own wall time per step, so the demo window's reclaim (tick 52) meets the run
 # near its middle on any machine, as the demo is meant to show, and the bill per step is about
 # the same everywhere. At a fixed 0.5 s per tick a machine twice as fast as the 2-core one the
 # demo was set on would finish 600 steps before the reclaim.

@@ -33,7 +33,7 @@ on, and the provider's bill is the run's cloud bill. `GangSession`, in order:
    size from the store. The train job runs one when its allocation holds more than one node.
 
 Time: the replayed trace runs accelerated (`seconds_per_tick` wall seconds per trace tick, fixed,
-or paced by the run's measured step: `trainwise.replay_pace`); the training does not (its steps
+or paced by the loop's own steps: `trainwise.replay_pace`); the training does not (its steps
 take their real time). Node seconds are on the provider's clock, which runs from the loop's
 first step (`resume_clock`: the set-up before it is inside the changeover the boot modelled).
 """
@@ -213,9 +213,9 @@ class GangSession:
     # "node agents" (trainwise.agent_launch: the agents on the session's nodes). The cost
     # summary names its engine by it.
     runs_on: str = ""
-    # Why the emulated replay runs at its speed when the run paced it (trainwise.replay_pace);
-    # recorded before the launch, so `explain` shows it.
-    replay_pace: str = ""
+    # The emulated replay paced by the loop's steps (trainwise.replay_pace.StepPacer); None:
+    # the provider's fixed speed. The pace is recorded when chosen, so `explain` shows it.
+    pacer: Any = None
 
     # -- set up -----------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -235,8 +235,10 @@ class GangSession:
         """Launch the allocation (its errors propagate: nothing trained yet) and boot it."""
         self._last_wall_s = time.monotonic()
         self._acted_on = self._wanted()
-        if self.replay_pace:
-            self._record("replay_pace", self.replay_pace, {})
+        if self.pacer is not None and not hasattr(self.provider, "advance_to"):
+            raise ValueError(f"replay_steps_per_tick={self.pacer.steps_per_tick:g} paces a "
+                             f"replayed trace; the provider {self.provider.name!r} replays "
+                             "nothing: set replay_steps_per_tick to 0")
         self._launch(self.allocation, "start")
         return self.nodes
 
@@ -294,6 +296,15 @@ class GangSession:
             return [e for e in events if e.node_id in ours
                     and e.state in (NodeState.NOTICE, NodeState.RECLAIMED)]
 
+        paced = None
+        if hasattr(provider, "advance_to") and self.pacer is not None and (
+                self.pacer.chosen is None):
+            # The clock holds until the loop's own steps give the pace; then it catches up on
+            # every wall second since the loop started, at that pace.
+            paced = self.pacer.observe(now_wall, self.last_step)
+            if paced is None:
+                return
+            provider.clock.seconds_per_tick = paced.seconds_per_tick
         if hasattr(provider, "advance_to"):
             # Tick by tick, and the clock stops at our notice (it waits while the trainer
             # checkpoints, as trainwise/emulated.py freezes it): seconds trained after a notice
@@ -310,6 +321,10 @@ class GangSession:
         else:
             events = provider.poll_events()
         self._last_wall_s = now_wall
+        if paced is not None:  # after the catch-up: its clock and wall time anchor the speed
+            self._record("replay_pace", paced.reason, {
+                "seconds_per_tick": paced.seconds_per_tick, "step_s": paced.step_s,
+                "steps_per_tick": paced.steps_per_tick, "step": self.last_step})
         self._write_bill()
         notices = ours_noticed(events)
         wanted = self._wanted()
@@ -343,6 +358,8 @@ class GangSession:
         """The provider's clock runs from now: a gang's start-up and restore (before its first
         step) are inside the changeover `_boot` already modelled, not billed twice."""
         self._last_wall_s = time.monotonic()
+        if self.pacer is not None:
+            self.pacer.restart()
 
     def _stop(self, reason: str) -> None:
         self._end_segment()
@@ -530,7 +547,9 @@ class GangSession:
             "fallbacks": self.fallbacks, "failure": self.failure,
             "launched": [asdict(n) for n in self.provider.nodes()],
             "history": self.history, "replay": replay_record(self.provider),
-            "replay_pace": self.replay_pace,
+            "replay_pace": ("" if self.pacer is None else self.pacer.chosen.reason
+                            if self.pacer.chosen is not None else "not chosen yet (it is "
+                            "chosen at the loop's second fast tick)"),
             "runs_on": self.runs_on or "this process",
             # A torchrun gang (on_stop set by TorchrunGang): rank r runs on node r; else the one
             # process trains for all nodes.

@@ -1,21 +1,25 @@
-"""The emulated provider's replay speed, paced by the trainer's measured step time.
+"""The emulated provider's replay speed, paced by the training loop's own steps.
 
 The emulated provider replays a spot trace at a fixed `seconds_per_tick` of wall time, while the
 trainer's steps take what this machine takes. At a fixed speed the trace meets a run at a
 different step on every machine: the demo's reclaim, 52 ticks into its window, fell at step 305
 of 600 on the 2-core machine the demo was set on and would fall after the last step on one twice
-as fast, a run in which no decision matters. A request with `replay_steps_per_tick` > 0 sets the
-speed from the step time measured here before the run (`profile_samples_per_s`: forward and
-backward of the run's own model at its batch, thread CPU seconds, so other load on the machine
-does not skew it), so a trace tick lasts about that many steps on any machine, and the provider
-seconds (the bill) per step are about the same too. The loop's real step also evaluates,
-checkpoints and records, so the pace is approximate; the record says what was measured.
+as fast, a run in which no decision matters. A request with `replay_steps_per_tick` > 0 paces
+the replay by the loop itself (`StepPacer`): the provider's clock holds at the end of the boot
+until the loop's second fast tick, the wall seconds per step between its first two fast ticks
+(the first steps warm caches up and are left out) set the speed, and the clock then catches up
+on every wall second since the loop started at that speed. A trace tick then lasts about that
+many steps on any machine, and the provider seconds (the bill) per step are about the same too.
+
+A probe of forward and backward measured before the run was tried first: at 45 ms it was half
+of the loop's real 80-90 ms step on this machine (the optimizer step, the sampler, the run's
+telemetry and MLflow threads competing for the interpreter), so it paced the demo at half the
+steps per tick it asked for. The loop's own steps are the only measure of the loop's speed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 # Below this a tick would pass between two polls of the provider (a fast tick every ten steps
 # of a few ms); above it a 600-step run would not reach its window's first reclaim.
@@ -28,34 +32,14 @@ class ReplayPace:
     """The replay speed chosen for a run and what it was chosen from."""
 
     seconds_per_tick: float
-    step_s: float  # the measured step (thread CPU seconds of forward + backward)
+    step_s: float  # the loop's wall seconds per step between two fast ticks
     steps_per_tick: float
     reason: str
 
 
-def measured_step_s(config: Any, examples: Any) -> float:
-    """Thread CPU seconds of one forward + backward of the run's model at its batch, measured
-    on a separate model from the run's seed (the run's own model and RNG are untouched)."""
-    import torch
-
-    from training._loop_step import profile_samples_per_s
-    from training.loop import default_model_config
-    from training.model import MODEL_KIND_FOR_DATA, build_model
-
-    batch = int(config.micro_batch_size) * int(config.grad_accum_steps)
-    generator_state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(config.seed)
-        probe = build_model(MODEL_KIND_FOR_DATA[examples.kind],
-                            config.model or default_model_config(examples))
-    finally:
-        torch.random.set_rng_state(generator_state)
-    rates = profile_samples_per_s(probe, examples, [batch], repeats=2, seed=config.seed)
-    return batch / rates[batch]
-
-
-def pace(steps_per_tick: float, step_s: float) -> ReplayPace:
-    """`steps_per_tick` steps of `step_s` seconds per trace tick, within the bounds above."""
+def pace(steps_per_tick: float, step_s: float, measured_over: str = "") -> ReplayPace:
+    """`steps_per_tick` steps of `step_s` wall seconds per trace tick, within the bounds above;
+    `measured_over` says which steps gave `step_s`."""
     if not steps_per_tick > 0:
         raise ValueError(f"replay_steps_per_tick={steps_per_tick} must be > 0 (0 turns pacing "
                          "off: the provider's fixed speed)")
@@ -65,28 +49,40 @@ def pace(steps_per_tick: float, step_s: float) -> ReplayPace:
     seconds = min(max(wanted, MIN_SECONDS_PER_TICK), MAX_SECONDS_PER_TICK)
     bound = "" if seconds == wanted else (
         f", held to [{MIN_SECONDS_PER_TICK}, {MAX_SECONDS_PER_TICK}] s from {wanted:.3f} s")
+    over = f", {measured_over}" if measured_over else ""
     return ReplayPace(seconds, step_s, steps_per_tick,
                       f"replay paced at {seconds:.3f} wall s per trace tick: "
-                      f"{steps_per_tick:g} steps x a measured step of {step_s * 1e3:.1f} ms "
-                      f"(forward + backward, thread CPU){bound}")
+                      f"{steps_per_tick:g} steps x the loop's measured {step_s * 1e3:.1f} ms "
+                      f"per step (wall{over}){bound}")
 
 
-def paced_provider(request: Any, config: Any, examples: Any) -> tuple[Any, ReplayPace | None]:
-    """The run's provider (`trainwise.gang.provider_for_run`); an emulated one replays at the
-    request's pace when `replay_steps_per_tick` > 0. A pace asked of another provider is refused:
-    only a replay has a speed to set."""
-    from cloud.providers import provider_name
-    from cloud.providers.emulated import NAME as EMULATED
-    from trainwise import gang
+@dataclass
+class StepPacer:
+    """Chooses the pace from the loop's fast ticks (see the module docstring)."""
 
-    steps_per_tick = float(getattr(request, "replay_steps_per_tick", 0.0) or 0.0)
-    if steps_per_tick <= 0:
-        return gang.provider_for_run(request.instance_type, request.region), None
-    name = provider_name(None)
-    if name != EMULATED:
-        raise ValueError(f"replay_steps_per_tick={steps_per_tick:g} paces a replayed trace; the "
-                         f"provider is {name!r}, which replays nothing: set it to 0")
-    chosen = pace(steps_per_tick, measured_step_s(config, examples))
-    provider = gang.provider_for_run(request.instance_type, request.region,
-                                     seconds_per_tick=chosen.seconds_per_tick)
-    return provider, chosen
+    steps_per_tick: float
+    origin: tuple[float, int] | None = None  # (monotonic wall s, step) at the first fast tick
+    chosen: ReplayPace | None = None
+
+    def __post_init__(self) -> None:
+        pace(self.steps_per_tick, 1.0)  # the same refusal as a bad request
+
+    def restart(self) -> None:
+        """A new segment (the loop restarted on a replacement) before the pace was chosen: the
+        wall since the last fast tick includes the replacement, not steps."""
+        if self.chosen is None:
+            self.origin = None
+
+    def observe(self, wall_s: float, step: int) -> ReplayPace | None:
+        """At a fast tick: the pace once chosen; None while it is not (the first tick only
+        sets the origin)."""
+        if self.chosen is not None:
+            return self.chosen
+        if self.origin is None or step <= self.origin[1]:
+            if self.origin is None:
+                self.origin = (wall_s, step)
+            return None
+        began_s, first = self.origin
+        self.chosen = pace(self.steps_per_tick, max(wall_s - began_s, 1e-9) / (step - first),
+                           f"steps {first}..{step}")
+        return self.chosen

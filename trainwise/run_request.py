@@ -74,10 +74,10 @@ class TrainRequest:
     nodes: int = _doc(1, "Nodes launched and billed for the run: one torchrun rank each; under "
                       "an allocation_policy one trainer process stands for the gang.")
     replay_steps_per_tick: float = _doc(
-        0.0, "Emulated provider only: trainer steps per replayed trace tick; the replay speed is "
-        "set from the run's step time measured at start, so the trace meets the run at about "
-        "the same step on any machine (trainwise/replay_pace.py). 0: the provider's fixed "
-        "0.5 wall s per tick.")
+        0.0, "Emulated provider, one node: trainer steps per replayed trace tick; the replay "
+        "speed is set from the loop's own wall time per step at its first fast ticks, so the "
+        "trace meets the run at about the same step on any machine (trainwise/replay_pace.py). "
+        "0: the provider's fixed 0.5 wall s per tick.")
     lever_guard: bool = _doc(
         False, "Switch off a lever (the fast policy's batch changes, dynamic pruning) that costs "
         "quality or time against the fixed schedule's eval-loss curve; the reason shows in "

@@ -346,6 +346,10 @@ def validate_request(request: TrainRequest) -> None:
         raise ValueError(f"replay_steps_per_tick={pace!r} paces the in-process engine's replay; "
                          f"under allocation_policy={request.allocation_policy!r} the supervised "
                          "engine sets its own speed: set replay_steps_per_tick to 0")
+    if pace and request.nodes > 1:
+        raise ValueError(f"replay_steps_per_tick={pace!r} is paced by the one trainer loop of a "
+                         f"one-node run; a torchrun gang of nodes={request.nodes} is not paced "
+                         "yet: set replay_steps_per_tick to 0")
     if request.allocation_policy:
         from cloud.policy_registry import registered_names
 
@@ -674,19 +678,18 @@ def run_training(
     # the MLflow tail skips these and follows everything this call writes, bills included.
     earlier_segments = mlflow_live.segments_now(run_dir / "telemetry" / request.run_id)
     if not supervised:
-        pace = None
-        if provider is None:
-            from trainwise import replay_pace
-
-            provider, pace = replay_pace.paced_provider(request, config, examples)
         session = gang.GangSession(
-            provider,
+            provider if provider is not None else gang.provider_for_run(request.instance_type,
+                                                                        request.region),
             gang.read_allocation(run_dir) or gang.Allocation(
                 market=request.market, zone=request.zone, nodes=request.nodes,
                 reason="the train request", source="request"),
             request.instance_type, run_dir, request.run_id, region=request.region,
-            schedule_version=request.schedule_version,
-            replay_pace=pace.reason if pace is not None else "")
+            schedule_version=request.schedule_version)
+        if request.replay_steps_per_tick:
+            from trainwise.replay_pace import StepPacer
+
+            session.pacer = StepPacer(float(request.replay_steps_per_tick))
         # More than one node: one torchrun rank per node (trainwise.torchrun_gang); what the
         # ranks cannot run yet is refused here, before any node is launched.
         ranks = session.allocation.nodes > 1
