@@ -29,7 +29,7 @@ from trainwise import (
     user_jobs,
 )
 from trainwise import schedule as schedule_lib
-from trainwise.object_store import LocalObjectStore
+from trainwise.object_store import LocalObjectStore, store_location
 from trainwise.sdk.spec import RunSpec
 from trainwise.user_project import JobSpec, Project
 
@@ -81,10 +81,12 @@ def user_job_defs(project: Project, shards_asset: dg.AssetsDefinition = data_sha
         job = jobs[config.job.value]
         project_dir = project.path.parent if project.path is not None else state.path()
         store = object_store.store()
-        if not isinstance(store, LocalObjectStore):
+        if config.allocation_policy and not isinstance(store, LocalObjectStore):
             raise dg.Failure(description=(
-                "a registered job checkpoints through the SDK, which writes to a local object "
-                "store folder only for now; unset TRAINWISE_S3_BUCKET for user jobs"))
+                "a registered job under an allocation_policy (the supervised engine) reads its "
+                "checkpoints from a local object store folder only for now; unset "
+                "TRAINWISE_S3_BUCKET, or leave allocation_policy empty (the SDK and the node "
+                "agent checkpoint to S3)"))
         on_nodes = agent_launch.runs_on_nodes()
         if config.nodes > 1 and (config.allocation_policy or not on_nodes):
             raise dg.Failure(description=(
@@ -105,7 +107,7 @@ def user_job_defs(project: Project, shards_asset: dg.AssetsDefinition = data_sha
         spec = RunSpec(run_id=run_id, run_dir=str(run_dir), seed=config.seed,
                        max_steps=config.max_steps or None,
                        checkpoint_every_steps=config.checkpoint_every_steps or None,
-                       store_root=str(store.root), instance_type=instance_type,
+                       store_root=store_location(store), instance_type=instance_type,
                        schedule_version=published.version,
                        dataset_dir=str(state.path("shards", job.dataset)))
         context.instance.add_run_tags(context.run.run_id, {"trainwise/training_run": run_id,
@@ -139,7 +141,8 @@ def user_job_defs(project: Project, shards_asset: dg.AssetsDefinition = data_sha
         else:
             # aws: the nodes boot the node agent, which runs the job there (agent_launch);
             # the emulated provider's nodes are this machine (user_jobs.UserJobLaunch).
-            node_agent = ({"run_id": run_id, "store_root": str(store.root), "job": job.name}
+            node_agent = ({"run_id": run_id, "store_root": store_location(store),
+                           "job": job.name}
                           if on_nodes else {})
             session = gang.GangSession(
                 gang.provider_for_run(instance_type, region, **node_agent),

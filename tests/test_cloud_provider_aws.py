@@ -431,8 +431,8 @@ def test_for_run_refuses_half_an_agent_and_a_bad_run_before_any_launch(monkeypat
     with pytest.raises(ValueError, match="the run id"):
         AwsProvider.for_run("p3.2xlarge", REGION, run_id="run-7; reboot", store_root="/mnt/s",
                             client=object())
-    with pytest.raises(ValueError, match="s3:// store"):
-        AwsProvider.for_run("p3.2xlarge", REGION, run_id="run-7", store_root="s3://bucket/x",
+    with pytest.raises(ValueError, match="not an S3 location"):
+        AwsProvider.for_run("p3.2xlarge", REGION, run_id="run-7", store_root="s3://B/x",
                             client=object())
 
 
@@ -492,7 +492,9 @@ def test_the_script_runs_the_agent_command_with_exactly_its_arguments(tmp_path, 
     ("job", "blobs\nreboot", "newline"),
     ("job", "blobs && reboot", "the job name"),
     ("store_root", "/mnt/store\nrm -rf /", "newline"),
-    ("store_root", "s3://bucket/runs", "s3:// store"),
+    ("store_root", "s3://UPPER/runs", "not an S3 location"),
+    ("store_root", "s3://bucket/runs; touch PWNED", "not an S3 location"),
+    ("store_root", "gs://bucket/runs", "absolute folder"),
     ("store_root", "relative/store", "absolute"),
     ("agent_command", "python3 -m trainwise.agent\ntouch PWNED", "TRAINWISE_EC2_AGENT_COMMAND"),
     ("agent_command", "python3 -m 'trainwise.agent", "TRAINWISE_EC2_AGENT_COMMAND"),
@@ -504,6 +506,13 @@ def test_the_script_builder_refuses_what_it_cannot_carry(field, value, named):
             "agent_command": "python3 -m trainwise.agent", field: value}
     with pytest.raises(ValueError, match=named):
         agent_user_data(args.pop("run_id"), args.pop("store_root"), args.pop("job"), **args)
+
+
+def test_an_s3_store_reaches_the_agent_as_one_quoted_word():
+    from cloud.providers.aws_user_data import agent_user_data
+
+    script = agent_user_data("run-7", "s3://trainwise-runs/deploy-a", "blobs")
+    assert "--store s3://trainwise-runs/deploy-a --run-id run-7 --job blobs" in script
 
 
 def test_the_builder_accepts_the_names_the_agent_accepts():

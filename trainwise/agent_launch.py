@@ -52,7 +52,7 @@ from trainwise import settings
 from trainwise.agent.agent import STATUS_FORMAT, agent_prefix
 from trainwise.agent.task import AgentTask, GangSpec, parse_task, put_task, task_key
 from trainwise.gang import PROVIDER_RANK, GangSession
-from trainwise.object_store import LocalObjectStore
+from trainwise.object_store import ObjectStore, store_at
 from trainwise.remote_telemetry import TelemetryMirror
 from trainwise.sdk.run import PREEMPTED_EXIT_CODE
 from trainwise.sdk.spec import RunSpec
@@ -93,7 +93,7 @@ def task_for(job: JobSpec, project_dir_on_node: str, spec: RunSpec,
     return parse_task(task.to_json(), f"the task of run {spec.run_id!r}", on_node=False)
 
 
-def _read_json(store: LocalObjectStore, key: str) -> dict[str, Any] | None:
+def _read_json(store: ObjectStore, key: str) -> dict[str, Any] | None:
     try:
         data = json.loads(store.get_bytes(key))
     except (OSError, ValueError):
@@ -125,10 +125,10 @@ class AgentJobLaunch:
 
     def __post_init__(self) -> None:
         if self.spec.store_root is None:
-            raise ValueError(f"job {self.job.name!r}: a job on agent nodes needs store_root (a "
-                             "folder every node mounts: the task, checkpoints and telemetry "
-                             "travel through it)")
-        self.store = LocalObjectStore(Path(self.spec.store_root))
+            raise ValueError(f"job {self.job.name!r}: a job on agent nodes needs store_root "
+                             "(s3://bucket/prefix, or a folder every node mounts: the task, "
+                             "checkpoints and telemetry travel through it)")
+        self.store = store_at(self.spec.store_root)
         self.node_dir = node_project_dir(self.project_dir)
         self.mirror = TelemetryMirror(self.store, self.spec.run_id, self.run_dir,
                                       provider_rank=PROVIDER_RANK)

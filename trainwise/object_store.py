@@ -234,8 +234,80 @@ def s3_client(endpoint_url: str | None = None, region_name: str | None = None, *
                         config=s3_client_config(total_attempts))
 
 
+class StoreUnavailableError(OSError):
+    """An S3 call failed (the endpoint, credentials or bucket): an OSError, as a folder store's
+    failures are, so a node's agent and SDK handle both alike; botocore's error is its cause
+    (`services.is_transient` reads it there)."""
+
+
+def _missing(error: BaseException) -> bool:
+    response = getattr(error, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    return code in ("404", "NoSuchKey", "NotFound")
+
+
+def _s3_errors(what: str) -> Any:
+    """S3ObjectStore's calls raise FileNotFoundError for a missing key and StoreUnavailableError
+    for any other botocore failure, each naming the call and the object."""
+    def wrap(method: Any) -> Any:
+        def call(self: S3ObjectStore, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except OSError:
+                raise
+            except Exception as error:
+                if type(error).__module__.split(".")[0] not in ("botocore", "boto3", "s3transfer"):
+                    raise
+                key = next((a for a in args if isinstance(a, str)), "")
+                where = f"{what} {key!r} in s3://{self.bucket}/{self.prefix}"
+                if _missing(error):
+                    raise FileNotFoundError(f"{where}: no such object") from error
+                raise StoreUnavailableError(f"{where} failed at {self.endpoint}: "
+                                            f"{type(error).__name__}: {error}") from error
+        call.__name__, call.__doc__ = method.__name__, method.__doc__
+        return call
+    return wrap
+
+
+S3_URI_PREFIX = "s3://"
+
+
+def parse_s3_location(location: str) -> tuple[str, str]:
+    """(bucket, prefix) of `s3://bucket[/prefix]`; ValueError naming the fix otherwise."""
+    if not location.startswith(S3_URI_PREFIX):
+        raise ValueError(f"{location!r} is not an s3:// location (s3://bucket/prefix)")
+    bucket, _, prefix = location[len(S3_URI_PREFIX):].partition("/")
+    if not 3 <= len(bucket) <= 63 or not all(c.isalnum() or c in ".-" for c in bucket):
+        raise ValueError(f"{location!r}: the bucket {bucket!r} is not an S3 bucket name (3-63 "
+                         "lower-case letters, digits, dots and dashes); give s3://bucket/prefix")
+    return bucket, prefix.strip("/")
+
+
+def store_at(location: str | os.PathLike[str]) -> ObjectStore:
+    """The store at `location`, as a node's agent and the SDK reach it: `s3://bucket/prefix`
+    (endpoint TRAINWISE_S3_ENDPOINT_URL, empty for AWS; region and credentials from boto3's own
+    chain, an instance profile on EC2), or a folder."""
+    text = os.fspath(location)
+    if text.startswith(S3_URI_PREFIX):
+        from trainwise import settings
+
+        bucket, prefix = parse_s3_location(text)
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+        return S3ObjectStore(s3_client(settings.get("TRAINWISE_S3_ENDPOINT_URL") or None,
+                                       region), bucket, prefix)
+    return LocalObjectStore(Path(text))
+
+
+def store_location(store: ObjectStore) -> str:
+    """What `store_at` takes to reach `store` again (a node's `--store`)."""
+    if isinstance(store, S3ObjectStore):
+        return f"{S3_URI_PREFIX}{store.bucket}/{store.prefix}".rstrip("/")
+    return str(Path(store.root).resolve())  # type: ignore[attr-defined]
+
+
 class S3ObjectStore(_CheckpointPuts):
-    """Objects in an S3 bucket under a prefix, through a boto3 client (S3 puts are atomic)."""
+    """Objects in an S3 bucket under a prefix, through a boto3 client (S3 puts are atomic).
+    Failures are OSErrors (`_s3_errors`): FileNotFoundError for a missing key."""
 
     def __init__(self, client: Any, bucket: str, prefix: str = "trainwise") -> None:
         if len(bucket) < 3:
@@ -258,6 +330,7 @@ class S3ObjectStore(_CheckpointPuts):
     def endpoint(self) -> str:
         return str(getattr(getattr(self.client, "meta", None), "endpoint_url", "") or "AWS")
 
+    @_s3_errors("put")
     def put_file(self, local_path: Path, key: str, *, sha256: str | None = None) -> str:
         """Upload one file; its sha256 (computed unless given) goes into the object metadata."""
         self.client.upload_file(
@@ -266,18 +339,22 @@ class S3ObjectStore(_CheckpointPuts):
         )
         return self.uri(key)
 
+    @_s3_errors("put")
     def put_bytes(self, data: bytes, key: str) -> str:
         self.client.put_object(Bucket=self.bucket, Key=self._full_key(key), Body=data)
         return self.uri(key)
 
+    @_s3_errors("get")
     def get_file(self, key: str, local_path: Path) -> Path:
         Path(local_path).parent.mkdir(parents=True, exist_ok=True)
         self.client.download_file(self.bucket, self._full_key(key), str(local_path))
         return Path(local_path)
 
+    @_s3_errors("get")
     def get_bytes(self, key: str) -> bytes:
         return self.client.get_object(Bucket=self.bucket, Key=self._full_key(key))["Body"].read()
 
+    @_s3_errors("head")
     def exists(self, key: str) -> bool:
         try:
             self.client.head_object(Bucket=self.bucket, Key=self._full_key(key))
@@ -287,9 +364,11 @@ class S3ObjectStore(_CheckpointPuts):
             raise
         return True
 
+    @_s3_errors("delete")
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._full_key(key))
 
+    @_s3_errors("list")
     def list_keys(self, prefix: str) -> list[str]:
         full = self._full_key(prefix.strip("/")) + "/"
         strip = len(self.prefix) + 1 if self.prefix else 0

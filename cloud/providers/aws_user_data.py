@@ -60,12 +60,24 @@ def check_name(what: str, value: str) -> str:
     return value
 
 
+# An S3 store the node reaches with its instance profile (trainwise.object_store.store_at; the
+# same bucket rule, kept here because cloud/ does not import trainwise).
+S3_STORE = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9!_.*'()/-]*)?")
+
+
 def check_store_root(store_root: str) -> str:
-    """The agent reads a folder store only (docs/agent.md): an absolute path the node mounts."""
-    fix = ("give the absolute path of a folder store that the node mounts (the agent cannot "
-           "read an s3:// store yet)")
+    """The run's store as the node reaches it: `s3://bucket/prefix` (credentials from the
+    instance profile, an endpoint override from the AMI's env file), or the absolute path of a
+    folder the node mounts (docs/agent.md)."""
+    fix = ("give s3://bucket/prefix (the node reaches it with its instance profile) or the "
+           "absolute path of a folder store that the node mounts")
     check_text("the run's store", store_root, fix)
-    if "://" in store_root or store_root.startswith("s3:") or not store_root.startswith("/"):
+    if store_root.startswith("s3:"):
+        if not S3_STORE.fullmatch(store_root):
+            raise ValueError(f"the run's store {store_root!r} is not an S3 location this node "
+                             f"can read; {fix}")
+        return store_root
+    if "://" in store_root or not store_root.startswith("/"):
         raise ValueError(f"the run's store {store_root!r} is not an absolute folder path; {fix}")
     return store_root
 

@@ -51,7 +51,7 @@ from trainwise.agent.imds import (
 )
 from trainwise.agent.task import AgentTask, AgentTaskError, read_task, task_key
 from trainwise.agent.telemetry_sync import TelemetrySync
-from trainwise.object_store import COMMIT_SUFFIX, LocalObjectStore, ObjectStore
+from trainwise.object_store import COMMIT_SUFFIX, S3_URI_PREFIX, ObjectStore, store_at
 from trainwise.sdk.run import PREEMPTED_EXIT_CODE
 from trainwise.sdk.spec import write_spec
 from trainwise.services import ServiceUnreachableError
@@ -116,19 +116,21 @@ def committed_steps(store: ObjectStore, key_prefix: str) -> dict[int, dict[str, 
 class NodeAgent:
     """One start of the agent on one node (module doc)."""
 
-    def __init__(self, store_root: Path, run_id: str, run_dir: Path, *,
+    def __init__(self, store_root: Path | str, run_id: str, run_dir: Path, *,
                  job_name: str | None = None, choice: WatchChoice | None = None,
                  poll_every_s: float | None = None, margin_s: float | None = None,
                  telemetry_s: float | None = None) -> None:
-        self.store_root, self.run_id, self.run_dir = Path(store_root).resolve(), run_id, \
-            Path(run_dir).resolve()
+        # s3://bucket/prefix as given; a folder resolved (the job's spec names it absolutely).
+        self.store_root = (str(store_root) if str(store_root).startswith(S3_URI_PREFIX)
+                           else str(Path(store_root).resolve()))
+        self.run_id, self.run_dir = run_id, Path(run_dir).resolve()
         self.job_name = job_name
         self.node_addr = node_addr()
         self.choice = choice
         self.poll_every_s = poll_s() if poll_every_s is None else poll_every_s
         self.margin_s = notice_margin_s() if margin_s is None else margin_s
         self.telemetry_s = telemetry_every_s() if telemetry_s is None else telemetry_s
-        self.store: ObjectStore = LocalObjectStore(self.store_root)
+        self.store: ObjectStore = store_at(self.store_root)
         self.start_id = (datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-"
                          + uuid.uuid4().hex[:6])
         self.agent_dir = self.run_dir / "agent"

@@ -129,7 +129,7 @@ class AgentTask:
             return [*runner, str(self.script), *self.args]
         return [*runner, "-m", "trainwise.sdk.entry", self.entry, *self.args]
 
-    def run_spec(self, run_dir: Path, store_root: Path, notice_file: Path,
+    def run_spec(self, run_dir: Path, store_root: Path | str, notice_file: Path,
                  **agent_fields: Any) -> RunSpec:
         """The node's run spec: the task's fields plus what the agent sets."""
         base = RunSpec(run_id=self.run_id, run_dir=str(run_dir))

@@ -200,9 +200,9 @@ class Run:
     def _open_store(self) -> Any:
         if self.spec.store_root is None:
             return None
-        from trainwise.object_store import LocalObjectStore
+        from trainwise.object_store import store_at
 
-        return LocalObjectStore(Path(self.spec.store_root))
+        return store_at(self.spec.store_root)  # a folder, or s3://bucket/prefix
 
     def _identity(self) -> RunIdentity:
         return RunIdentity(run_id=self.spec.run_id, seed=self.spec.seed)
