@@ -82,15 +82,15 @@ AGENT_ENV = {"TRAINWISE_STATE_KEY": STATE_KEY, "TRAINWISE_AGENT_POLL_S": "0.2",
 
 
 def _launch(tmp_path: Path, run_id: str, job: JobSpec, nodes: int = 1,
-            project_dir: Path = EXAMPLE) -> AgentJobLaunch:
-    store, run_dir = tmp_path / "store", tmp_path / "runs" / run_id
-    provider = gang.provider_for_run(INSTANCE, REGION, run_id=run_id, store_root=str(store),
+            project_dir: Path = EXAMPLE, store: str = "") -> AgentJobLaunch:
+    store, run_dir = store or str(tmp_path / "store"), tmp_path / "runs" / run_id
+    provider = gang.provider_for_run(INSTANCE, REGION, run_id=run_id, store_root=store,
                                      job=job.name)
     session = gang.GangSession(provider, gang.Allocation(market="spot", zone=ZONE, nodes=nodes,
                                                          reason="test", source="test"),
                                INSTANCE, run_dir, run_id, region=REGION)
     spec = RunSpec(run_id=run_id, run_dir=str(run_dir), max_steps=MAX_STEPS, seed=0,
-                   checkpoint_every_steps=10, store_root=str(store))
+                   checkpoint_every_steps=10, store_root=store)
     return AgentJobLaunch(job, project_dir, session, spec, boot_timeout_s=120.0, poll_s=0.2,
                           segment_timeout_s=TIMEOUT_S)
 
@@ -192,6 +192,37 @@ def test_the_job_runs_on_its_ec2_node_and_a_reclaim_resumes_on_the_replacement(
         InstanceIds=[n.instance_id for n in booted])["Reservations"] for i in r["Instances"]}
     assert set(states.values()) <= {"shutting-down", "terminated"}, states
     assert not LocalObjectStore(tmp_path / "store").exists(task_key(run_id))
+
+
+def test_the_job_on_its_node_checkpoints_to_the_s3_bucket_the_launcher_named(
+        aws, moto_url, tmp_path, monkeypatch):
+    # The deployment's bucket (TRAINWISE_S3_BUCKET): the launcher hands the nodes
+    # s3://BUCKET/PREFIX; the node reaches it with its own credentials (the instance profile on
+    # EC2; here the AMI's env file) and the endpoint override the AMI's env file gives.
+    bucket, run_id = "trainwise-deploy", "nodes-s3"
+    boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1").create_bucket(
+        Bucket=bucket)
+    monkeypatch.setenv("TRAINWISE_S3_ENDPOINT_URL", moto_url)
+    launch = _launch(tmp_path, run_id, _job(sleep_s=0.02), store=f"s3://{bucket}/team-a")
+    node_s3 = {"TRAINWISE_S3_ENDPOINT_URL": moto_url, "AWS_ACCESS_KEY_ID": "testing",
+               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION}
+    with Ec2BootDouble(moto_url, REGION, tmp_path / "nodes", run_id=run_id, env=_node_env(),
+                       agent_env={**AGENT_ENV, **node_s3}) as double:
+        result = launch.run()
+        assert double.errors == []
+    assert result["status"] == "completed", result["failure"]
+    [segment] = result["segments"]
+    [start] = segment["starts"].values()
+    assert start["last_committed_step"] == MAX_STEPS
+    keys = [o["Key"] for o in boto3.client("s3", endpoint_url=moto_url, region_name=REGION)
+            .list_objects_v2(Bucket=bucket, Prefix=f"team-a/runs/{run_id}/")["Contents"]]
+    assert f"team-a/{task_key(run_id)}" not in keys  # taken back when the launch ended
+    assert any(k.endswith("/status.json") for k in keys)
+    assert f"team-a/runs/{run_id}/checkpoints/rank0/step-{MAX_STEPS:07d}.pt.commit" in keys
+    # Nothing of the run is in a folder store; its telemetry came back through the bucket.
+    assert not (tmp_path / "store").exists()
+    events = read_run_events(tmp_path / "runs" / run_id / "telemetry" / run_id, rank=0)
+    assert [e["step"] for e in events if e["type"] == "step"] == list(range(1, MAX_STEPS + 1))
 
 
 def test_the_slow_layers_new_allocation_moves_a_remote_run(aws, moto_url, tmp_path):
