@@ -235,15 +235,19 @@ def test_no_new_import_circles():
     assert new == [], f"import circles (issue 25 forbids them): {new}"
 
 
-def test_loading_the_code_location_imports_no_benchmark():
-    """What Dagster loads (workspace.yaml), in a fresh interpreter: no `benchmarks` module."""
+def test_loading_the_code_location_imports_no_benchmark_and_no_torch():
+    """What Dagster loads (workspace.yaml), in a fresh interpreter: no `benchmarks` module, and
+    not torch (1.3 s of every code-location load, every UI reload and every run process, when
+    the node agent's launcher pulled it in through `trainwise.sdk`); a run that trains imports
+    it then."""
     workspace = yaml.safe_load((ROOT / "workspace.yaml").read_text())
     modules = [entry["python_module"]["module_name"] for entry in workspace["load_from"]]
     assert modules
     probe = ("import importlib, json, sys\n"
              f"for name in {modules!r}:\n"
              "    importlib.import_module(name)\n"
-             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'benchmarks')))")
+             "print(json.dumps(sorted(m for m in sys.modules\n"
+             "                        if m.split('.')[0] in ('benchmarks', 'torch'))))")
     done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]

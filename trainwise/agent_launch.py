@@ -54,8 +54,7 @@ from trainwise.agent.task import AgentTask, GangSpec, parse_task, put_task, task
 from trainwise.gang import PROVIDER_RANK, GangSession
 from trainwise.object_store import ObjectStore, store_at
 from trainwise.remote_telemetry import TelemetryMirror
-from trainwise.sdk.run import PREEMPTED_EXIT_CODE
-from trainwise.sdk.spec import RunSpec
+from trainwise.sdk.spec import PREEMPTED_EXIT_CODE, RunSpec
 from trainwise.user_jobs import RECORD_FILE, spec_for_framework
 from trainwise.user_project import JobSpec
 

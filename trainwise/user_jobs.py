@@ -42,8 +42,7 @@ from telemetry.reader import step_records_written
 from training.safe_files import replace_with_new, write_atomic
 from trainwise.gang import GangSession
 from trainwise.sdk.entry import CHECK_FAILED_EXIT_CODE
-from trainwise.sdk.run import PREEMPTED_EXIT_CODE
-from trainwise.sdk.spec import RunSpec, with_fields, write_spec
+from trainwise.sdk.spec import PREEMPTED_EXIT_CODE, RunSpec, with_fields, write_spec
 from trainwise.user_project import JobSpec, Project
 
 REPO = Path(__file__).resolve().parents[1]

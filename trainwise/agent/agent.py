@@ -52,8 +52,7 @@ from trainwise.agent.imds import (
 from trainwise.agent.task import AgentTask, AgentTaskError, read_task, task_key
 from trainwise.agent.telemetry_sync import TelemetrySync
 from trainwise.object_store import COMMIT_SUFFIX, S3_URI_PREFIX, ObjectStore, store_at
-from trainwise.sdk.run import PREEMPTED_EXIT_CODE
-from trainwise.sdk.spec import write_spec
+from trainwise.sdk.spec import PREEMPTED_EXIT_CODE, write_spec
 from trainwise.services import ServiceUnreachableError
 from trainwise.user_jobs import job_env
 

@@ -68,9 +68,7 @@ from trainwise.sdk import ranks as sdk_ranks
 from trainwise.sdk import resume as sdk_resume
 from trainwise.sdk import state as sdk_state
 from trainwise.sdk.data import DataChangedError, ResumableBatchSampler, TrackedLoader, ids_fingerprint
-from trainwise.sdk.spec import RunSpec, RunSpecError, resolve_spec
-
-PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM: what a supervisor expects of a job a notice ended
+from trainwise.sdk.spec import PREEMPTED_EXIT_CODE, RunSpec, RunSpecError, resolve_spec
 
 
 class Preempted(SystemExit):

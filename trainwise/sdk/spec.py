@@ -21,6 +21,9 @@ from typing import Any
 from training.safe_files import read_small, write_atomic
 
 SPEC_ENV = "TRAINWISE_RUN_SPEC"
+# 128 + SIGTERM: what a supervisor expects of a job a notice ended. Part of the launcher's
+# contract with the job, so here, where a launcher reads it without importing torch.
+PREEMPTED_EXIT_CODE = 143
 SPEC_FORMAT = "trainwise-run-spec/1"
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SPEC_LIMIT_BYTES = 1 << 20
