@@ -30,9 +30,9 @@ with the run id, the store and the job name, so each node's user-data starts
    refused the task or whose job failed fails it, with the agent's error and its job log's tail
    from the store. `user_job.json` records each launch (nodes, agent starts, exit codes).
 
-What is not done here: a gang is relaunched whole after a reclaim (its surviving nodes are
-released too); the store must be a folder every node mounts at the same path (the agent reads
-no s3:// store yet).
+The store is the deployment's S3 bucket (`s3://bucket/prefix`, `trainwise.object_store.store_at`)
+or a folder every node mounts at the same path. What is not done here: a gang is relaunched
+whole after a reclaim (its surviving nodes are released too).
 """
 
 from __future__ import annotations
