@@ -60,7 +60,7 @@ def test_a_module_named_in_the_setting_registers_its_provider(fresh_registry, mo
     assert FAKE_MODULE not in sys.modules
     monkeypatch.setenv("TRAINWISE_PROVIDER_MODULES", f" {FAKE_MODULE} , ")
     assert provider_name("steady") == "steady"
-    assert provider_names() == ("emulated", "aws", "steady")
+    assert provider_names() == ("emulated", "aws", "kubernetes", "steady")
     fake = sys.modules[FAKE_MODULE]
     assert provider_class("steady") is fake.SteadyProvider
     monkeypatch.setenv("TRAINWISE_PROVIDER", "steady")
@@ -114,7 +114,7 @@ def test_an_unknown_provider_lists_the_registered_ones(fresh_registry, monkeypat
     assert "TRAINWISE_PROVIDER='gcp'" in text and "emulated, aws" in text
     assert "TRAINWISE_PROVIDER_MODULES" in text, "says how to register one"
     monkeypatch.setenv("TRAINWISE_PROVIDER_MODULES", FAKE_MODULE)
-    with pytest.raises(UnknownProviderError, match="use one of emulated, aws, steady"):
+    with pytest.raises(UnknownProviderError, match="use one of emulated, aws, kubernetes, steady"):
         gang.provider_for_run("p3.2xlarge", "us-west-2")
 
 

@@ -55,7 +55,7 @@ SETTINGS: tuple[Setting, ...] = (
             "or pystdlib when the shared data is missing"),
     Setting("TRAINWISE_TORCH_THREADS", "1", "torch intra-op threads in the trainer"),
     Setting("TRAINWISE_PROVIDER", "emulated", "compute provider of cloud.providers: emulated | "
-            "aws | one registered by TRAINWISE_PROVIDER_MODULES"),
+            "aws | kubernetes | one registered by TRAINWISE_PROVIDER_MODULES"),
     Setting("TRAINWISE_PROVIDER_MODULES", "", "comma-separated Python modules (import paths) "
             "imported before the provider is looked up, each registering a compute provider "
             "with @register_provider (cloud/providers/registry.py); empty = the built-ins only"),
@@ -79,6 +79,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TRAINWISE_EC2_AGENT_COMMAND", "python3 -m trainwise.agent", "aws: the command that "
             "starts the node agent on the AMI (e.g. /opt/trainwise/.venv/bin/python -m "
             "trainwise.agent); the nodes' user-data runs it with the run's --store and --run-id"),
+    Setting("TRAINWISE_K8S_IMAGE", "", "kubernetes, required: the image the pods run, with "
+            "trainwise installed (deploy/Dockerfile)"),
+    Setting("TRAINWISE_K8S_NAMESPACE", "default", "kubernetes: the namespace of the run's pods"),
+    Setting("TRAINWISE_K8S_CAPACITY_LABEL", "karpenter.sh/capacity-type", "kubernetes: the node "
+            "label that holds the market, selected by the pod and tolerated as a taint for spot "
+            "(GKE: cloud.google.com/gke-spot)"),
+    Setting("TRAINWISE_K8S_SPOT_VALUES", "spot,on-demand", "kubernetes: the capacity label's "
+            "values for spot and on-demand, comma-separated (GKE: true,false)"),
+    Setting("TRAINWISE_K8S_GRACE_S", "120", "kubernetes: the pods' termination grace period, "
+            "the notice a drained node gives the agent"),
+    Setting("TRAINWISE_K8S_AGENT_COMMAND", "python -m trainwise.agent", "kubernetes: the "
+            "command that starts the node agent in the image"),
     Setting("TRAINWISE_ALLOCATION_POLICY", "trainwise_heuristic", "node allocation policy of the "
             "schedule until an approved schedule_change replaces it"),
     Setting("TRAINWISE_APPROVERS", "", "comma-separated identities allowed to approve schedule "
@@ -116,6 +128,9 @@ SETTINGS: tuple[Setting, ...] = (
             "to the metadata service"),
     Setting("TRAINWISE_AGENT_NOTICE_MARGIN_S", "10", "the node agent SIGTERMs a job still "
             "running this many seconds before the notice's end, and kills it this long after"),
+    Setting("TRAINWISE_AGENT_NODE_ID", "", "the provider's id of this node, reported in the "
+            "agent's status so the launcher names a node whose agent never reported (EC2: read "
+            "from IMDSv2 when empty; the kubernetes provider sets the pod's name)"),
     Setting("TRAINWISE_AGENT_NODE_ADDR", "", "the address the other hosts of a multi-host gang "
             "reach this node at (on EC2 its private IPv4); the node whose address is the "
             "rendezvous endpoint's host hosts it; empty = torchrun's guess from the hostname"),

@@ -4,7 +4,7 @@
     provider = provider_class(provider_name()).for_run(instance_type, region)   # for a run
 
 Each provider is one module whose class registers itself with `@register_provider(name)`
-(`registry.py`); importing this package registers the built-ins, `emulated` and `aws`. A
+(`registry.py`); importing this package registers the built-ins, `emulated`, `aws` and `kubernetes`. A
 provider of one's own is registered by naming its module in TRAINWISE_PROVIDER_MODULES.
 `provider_name()` reads the TRAINWISE_PROVIDER setting (default emulated) and lists the
 registered providers when the name is none of them.
@@ -17,6 +17,7 @@ from typing import Any
 # The built-ins register on import (`@register_provider` on their classes).
 from cloud.providers import aws as _aws  # noqa: F401
 from cloud.providers import emulated as _emulated  # noqa: F401
+from cloud.providers import kubernetes_pods as _kubernetes  # noqa: F401
 from cloud.providers.base import (
     MARKETS,
     ON_DEMAND,

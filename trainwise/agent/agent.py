@@ -258,8 +258,12 @@ class NodeAgent:
 
     @staticmethod
     def _instance_id(choice: WatchChoice) -> str | None:
-        """EC2's id of this node (for the launcher, which names the nodes whose agent never
-        reported); None elsewhere or when the metadata service does not say."""
+        """The provider's id of this node (for the launcher, which names the nodes whose agent
+        never reported): TRAINWISE_AGENT_NODE_ID, else EC2's from IMDSv2; None elsewhere or
+        when the metadata service does not say."""
+        given = settings.get("TRAINWISE_AGENT_NODE_ID").strip()
+        if given:  # the kubernetes provider hands each pod its name
+            return given
         instance_id = getattr(choice.watcher, "instance_id", None)
         if instance_id is None:
             return None
