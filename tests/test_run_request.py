@@ -17,7 +17,7 @@ from trainwise.run_request import TrainRequest, trainer_config
 # the engines); a new request field must be placed here or be a TrainConfig field.
 DRIVER_FIELDS = {"partition", "region", "fast_policy", "data_selection", "market", "zone",
                  "nodes", "lever_guard_reference_run", "allocation_policy",
-                 "schedule_override_reason"}
+                 "schedule_override_reason", "replay_steps_per_tick"}
 
 
 def test_the_launchpad_config_is_the_request_less_the_job_and_schedule_filled_fields():
