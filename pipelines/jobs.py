@@ -127,12 +127,14 @@ class OrphanNodesConfig(dg.Config):
 @dg.op
 def terminate_orphans_op(context: dg.OpExecutionContext, config: OrphanNodesConfig,
                          state: StateResource) -> None:
-    """Terminate the aws nodes no live run of this deployment holds (trainwise.orphan_nodes),
+    """Terminate the aws nodes or kubernetes pods no live run of this deployment holds
+    (trainwise.orphan_nodes),
     and log each with whose it was and why."""
     wanted = set(config.instance_ids)
     terminated_total = 0
-    for region, (provider, orphans) in orphan_nodes.find_orphans_on_aws(
-            state.path(), settings.get("TRAINWISE_REGION")).items():
+    for region, (provider, orphans) in orphan_nodes.find_orphans_on_provider(
+            settings.get("TRAINWISE_PROVIDER"), state.path(),
+            settings.get("TRAINWISE_REGION")).items():
         chosen = [o for o in orphans if not wanted or o.instance_id in wanted]
         done, left = orphan_nodes.terminate_orphans(
             provider, chosen, terminate_unknown=config.terminate_unknown)
@@ -146,7 +148,8 @@ def terminate_orphans_op(context: dg.OpExecutionContext, config: OrphanNodesConf
 
 
 @dg.job(name="terminate_orphan_nodes",
-        description="Terminate aws nodes (tag trainwise:node) that no live run of this "
+        description="Terminate aws nodes (tag trainwise:node) or kubernetes pods (label "
+                    "trainwise/run) that no live run of this "
                     "deployment holds: left by a run that ended or a process that died. The "
                     "orphan_nodes sensor asks for it.")
 def orphan_nodes_job():

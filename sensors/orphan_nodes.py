@@ -20,17 +20,21 @@ INTERVAL_S = 300
 
 @dg.sensor(job=orphan_nodes_job, minimum_interval_seconds=INTERVAL_S,
            default_status=(dg.DefaultSensorStatus.RUNNING
-                           if settings.get("TRAINWISE_PROVIDER") == "aws"
+                           if settings.get("TRAINWISE_PROVIDER") in orphan_nodes.NODE_PROVIDERS
                            else dg.DefaultSensorStatus.STOPPED))
 def orphan_nodes_sensor(context: dg.SensorEvaluationContext):
-    """Orphaned aws nodes of this deployment -> one terminate_orphan_nodes run per set."""
-    if settings.get("TRAINWISE_PROVIDER") != "aws":
-        return dg.SkipReason("TRAINWISE_PROVIDER is not aws: no nodes of ours to look for")
+    """Orphaned nodes of this deployment (aws instances, kubernetes pods) -> one
+    terminate_orphan_nodes run per set."""
+    provider = settings.get("TRAINWISE_PROVIDER")
+    if provider not in orphan_nodes.NODE_PROVIDERS:
+        return dg.SkipReason(f"TRAINWISE_PROVIDER is not {' or '.join(orphan_nodes.NODE_PROVIDERS)}"
+                             ": no nodes of ours to look for")
     try:
-        found = orphan_nodes.find_orphans_on_aws(settings.home_dir(),
-                                                 settings.get("TRAINWISE_REGION"))
+        found = orphan_nodes.find_orphans_on_provider(provider, settings.home_dir(),
+                                                      settings.get("TRAINWISE_REGION"))
     except (ProviderError, ValueError) as error:
-        return dg.SkipReason(f"EC2 could not be read: {error}")
+        return dg.SkipReason(f"{'EC2' if provider == 'aws' else provider} could not be read: "
+                             f"{error}")
     ours = [o for _, orphans in found.values() for o in orphans if not o.unknown]
     unknown = [o for _, orphans in found.values() for o in orphans if o.unknown]
     note = (f"; {len(unknown)} tagged node(s) unknown to this deployment left alone: "

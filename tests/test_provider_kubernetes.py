@@ -10,6 +10,9 @@ server runs on this machine), so scheduling and a real node drain are not tested
 from __future__ import annotations
 
 import json
+import os
+import time
+from datetime import UTC, datetime
 
 import pytest
 from kubernetes.client import ApiClient
@@ -26,10 +29,11 @@ from cloud.providers.kubernetes_pods import (
     ZONE_LABEL,
     KubernetesProvider,
     PodSettings,
+    PodSweep,
     pod_manifest,
     pod_name,
 )
-from trainwise import gang
+from trainwise import gang, orphan_nodes
 
 STORE = "s3://trainwise-runs/team-a"
 SETTINGS = PodSettings(image="registry.example/trainwise:1.0", namespace="training")
@@ -62,6 +66,7 @@ class CoreV1ApiDouble:
                                http_resp=None) from None
         pod = as_v1pod(body)
         pod["status"] = {"phase": "Pending"}
+        pod["metadata"]["creationTimestamp"] = datetime.now(UTC).isoformat()
         self.pods[(namespace, body["metadata"]["name"])] = pod
         return pod
 
@@ -70,6 +75,11 @@ class CoreV1ApiDouble:
         if (namespace, name) not in self.pods:
             raise ApiException(status=404, reason="Not Found")
         return _Model(self.pods[(namespace, name)])
+
+    def list_namespaced_pod(self, namespace: str, label_selector: str) -> dict:
+        self._check()
+        return {"items": [_Model(pod) for (space, _), pod in sorted(self.pods.items())
+                          if space == namespace and label_selector in pod["metadata"]["labels"]]}
 
     def delete_namespaced_pod(self, name: str, namespace: str, grace_period_seconds: int) -> None:
         self._check()
@@ -214,3 +224,52 @@ def test_it_is_a_registered_provider_whose_nodes_run_the_agent(monkeypatch):
     built = gang.provider_for_run("p3.2xlarge", "us-east-1", run_id="blobs-7", store_root=STORE,
                                   job="blobs-classifier", api=api)
     assert isinstance(built, KubernetesProvider) and built.settings.namespace == "default"
+
+
+# -- nothing billed runs idle: pods a dead run left -----------------------------------------------
+def _run_folder(state, run_id: str, pods: list[str], *, age_s: float) -> None:
+    run_dir = state / "runs" / run_id
+    run_dir.mkdir(parents=True)
+    record = run_dir / gang.GANG_FILE
+    record.write_text(json.dumps({"provider": "kubernetes",
+                                  "launched": [{"node_id": p} for p in pods]}))
+    os.utime(record, (time.time() - age_s, time.time() - age_s))
+
+
+def test_the_pods_of_a_dead_run_are_found_and_deleted_and_a_live_runs_kept(tmp_path):
+    api = CoreV1ApiDouble()
+    [dead] = KubernetesProvider(api, SETTINGS, "run-dead", STORE).launch(
+        "us-east-1a", "p3.2xlarge", "spot")
+    [live] = KubernetesProvider(api, SETTINGS, "run-live", STORE).launch(
+        "us-east-1a", "p3.2xlarge", "spot")
+    [foreign] = KubernetesProvider(api, SETTINGS, "someone-else", STORE).launch(
+        "us-east-1b", "p3.2xlarge", "on_demand")
+    _run_folder(tmp_path, "run-dead", [dead.node_id], age_s=3 * 3600)
+    _run_folder(tmp_path, "run-live", [live.node_id], age_s=10)
+    sweep = PodSweep(api, "training")
+    listed = {i.instance_id: i for i in sweep.tagged_instances()}
+    assert set(listed) == {dead.node_id, live.node_id, foreign.node_id}
+    assert (listed[foreign.node_id].zone, listed[foreign.node_id].run_id) == (
+        "us-east-1b", "someone-else")
+    orphans = orphan_nodes.find_orphans(sweep, tmp_path)
+    assert {o.instance_id for o in orphans} == {dead.node_id, foreign.node_id}
+    done, left = orphan_nodes.terminate_orphans(sweep, orphans)
+    assert [o.instance_id for o in done] == [dead.node_id] and "its run is dead" in done[0].why
+    assert [o.instance_id for o in left] == [foreign.node_id]  # unknown: listed, left alone
+    assert ("delete", "training", dead.node_id, 120) in api.calls
+    assert {name for _, name in api.pods} == {live.node_id, foreign.node_id}
+
+
+def test_the_orphan_sensor_looks_at_pods_and_says_when_it_cannot(monkeypatch, tmp_path):
+    import dagster as dg
+
+    from pipelines.definitions import defs
+    from sensors.orphan_nodes import orphan_nodes_sensor
+
+    monkeypatch.setenv("TRAINWISE_PROVIDER", "kubernetes")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-config"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    context = dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral(), definitions=defs)
+    skipped = orphan_nodes_sensor.evaluate_tick(context).skip_message
+    assert skipped.startswith("kubernetes could not be read: provider 'kubernetes'"), skipped
+    assert "kube config" in skipped

@@ -1,4 +1,6 @@
-"""Nothing billed runs idle (issue 27): nodes on aws that no live run of this deployment holds.
+"""Nothing billed runs idle (issue 27): nodes on aws (and pods on kubernetes: the label
+`trainwise/run`, `cloud.providers.kubernetes_pods.PodSweep`) that no live run of this
+deployment holds.
 
 When the code location's process dies mid-run (a restart, a crash, kill -9), the nodes its
 in-process engine launched keep running and keep billing. This module finds them by their tag
@@ -152,6 +154,26 @@ def regions_to_check(state_dir: Path, default_region: str) -> list[str]:
         if record.get("provider") == "aws" and record.get("zone"):
             regions.add(region_of_zone(str(record["zone"])))
     return sorted(regions)
+
+
+# The providers whose nodes outlive the process that launched them.
+NODE_PROVIDERS = ("aws", "kubernetes")
+
+
+def find_orphans_on_provider(provider_name: str, state_dir: Path, default_region: str
+                             ) -> dict[str, tuple[Any, list]]:
+    """{where: (what to terminate them with, the orphans)}: aws per region
+    (`find_orphans_on_aws`), kubernetes in the settings' namespace (the pods labelled
+    `trainwise/run`). ValueError for a provider whose nodes are this machine."""
+    if provider_name == "aws":
+        return find_orphans_on_aws(state_dir, default_region)
+    if provider_name == "kubernetes":
+        from cloud.providers.kubernetes_pods import PodSweep
+
+        sweep = PodSweep.from_settings()
+        return {f"namespace {sweep.namespace}": (sweep, find_orphans(sweep, state_dir))}
+    raise ValueError(f"provider {provider_name!r} launches no nodes that outlive this process; "
+                     f"orphans are looked for on {', '.join(NODE_PROVIDERS)}")
 
 
 def find_orphans_on_aws(state_dir: Path, default_region: str) -> dict[str, tuple[Any, list]]:

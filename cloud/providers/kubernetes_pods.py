@@ -389,6 +389,53 @@ class KubernetesProvider(ComputeProvider):
             raise
 
 
+@dataclass
+class PodSweep:
+    """The run pods of the namespace, whoever started them (a code location that died
+    included), for the orphan-node clean-up (`trainwise.orphan_nodes`): the same two calls as
+    `AwsProvider.tagged_instances` and `terminate_instances`."""
+
+    api: Any
+    namespace: str = "default"
+    grace_s: int = 120
+    name: str = NAME
+
+    @classmethod
+    def from_settings(cls, api: Any = None) -> PodSweep:
+        settings = PodSettings.from_settings()
+        return cls(api if api is not None else _core_api(), settings.namespace,
+                   settings.grace_s)
+
+    def tagged_instances(self) -> list[Any]:
+        """Every pending or running pod of the namespace labelled `trainwise/run`."""
+        from cloud.providers.aws import TaggedInstance
+
+        found = []
+        listed = self.api.list_namespaced_pod(self.namespace, label_selector=RUN_LABEL)
+        for pod in _get(listed, "items") or []:
+            phase = _get(pod, "status", "phase") or "Pending"
+            if phase not in ("Pending", "Running"):
+                continue
+            selector = _get(pod, "spec", "node_selector") or {}
+            created = _get(pod, "metadata", "creation_timestamp")
+            found.append(TaggedInstance(
+                str(_get(pod, "metadata", "name")), str(selector.get(ZONE_LABEL, "")),
+                str(selector.get(INSTANCE_TYPE_LABEL, "")), phase.lower(),
+                created.timestamp() if created is not None else time.time(),
+                str((_get(pod, "metadata", "labels") or {}).get(RUN_LABEL, ""))))
+        return sorted(found, key=lambda i: (i.launched_at_s, i.instance_id))
+
+    def terminate_instances(self, instance_ids: list[str]) -> None:
+        """Delete the pods by name, each with the grace period (its agent checkpoints)."""
+        for name in instance_ids:
+            try:
+                self.api.delete_namespaced_pod(name, self.namespace,
+                                               grace_period_seconds=self.grace_s)
+            except Exception as error:
+                if getattr(error, "status", None) != 404:  # gone already is what we want
+                    raise
+
+
 def _core_api() -> Any:
     """A CoreV1Api from the kube config, else the in-cluster service account."""
     from kubernetes import client, config
@@ -406,4 +453,5 @@ def _core_api() -> Any:
     return client.CoreV1Api()
 
 
-__all__ = ["KubernetesProvider", "PodSettings", "pod_manifest", "pod_name", "ON_DEMAND"]
+__all__ = ["KubernetesProvider", "PodSettings", "PodSweep", "pod_manifest", "pod_name",
+           "ON_DEMAND"]
