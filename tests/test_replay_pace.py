@@ -132,6 +132,15 @@ def test_the_reclaim_meets_a_fast_and_a_slow_machine_at_about_the_same_step(stat
     assert [d["action"]["event"] for d in decisions][:2] == ["launch", "replay_pace"]
 
 
+def test_a_run_too_short_to_be_paced_says_so(state):
+    summary = run(state, request(max_steps=3, replay_steps_per_tick=4.0, run_id="short"))
+    assert summary.status == "completed"
+    record = gang.read_gang(state / "runs" / "short")
+    [note] = [e for e in record["history"] if e["event"] == "replay_pace"]
+    assert note["reason"].startswith("replay pace not chosen: the run ended before its second")
+    assert record["replay_pace"].startswith("not chosen yet")
+
+
 def test_at_a_fixed_speed_the_slow_machine_meets_the_reclaim_steps_earlier(state, monkeypatch):
     _, _, fast_step = run_on_a_machine(state, monkeypatch, 0.03, paced=False, run_id="fast")
     _, record, slow_step = run_on_a_machine(state, monkeypatch, 0.09, paced=False, run_id="slow")

@@ -481,6 +481,11 @@ class GangSession:
 
     def close(self, reason: str) -> dict[str, Any]:
         """Release every node still held; write and return the record (`gang.json`)."""
+        if self.pacer is not None and self.pacer.chosen is None:
+            # Said where a user looks: the bill holds only the boot, not the steps.
+            self._record("replay_pace", "replay pace not chosen: the run ended before its "
+                         "second fast tick, so the provider's clock held at the end of the boot "
+                         "(fewer steps than two fast_every_steps, or a stop before them)", {})
         self._end_segment()
         for node in self.nodes:
             if self.provider.describe(node).state.alive:
