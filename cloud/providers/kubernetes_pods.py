@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from cloud import prices
 from cloud.providers.aws_user_data import NAME_PATTERN, check_store_root
 from cloud.providers.base import (
     ON_DEMAND,
@@ -252,8 +253,6 @@ class KubernetesProvider(ComputeProvider):
         check_market(market)
         check_count(count)
         price = self.price_usd_per_hour(instance_type, zone, market)
-        from cloud import prices
-
         known = prices.INSTANCE_TYPES.get(instance_type)
         gpus = known.gpus if known is not None else 0
         made: list[_Pod] = []
@@ -267,11 +266,8 @@ class KubernetesProvider(ComputeProvider):
                 self._call("create_namespaced_pod", self.settings.namespace, body)
                 made.append(_Pod(NodeHandle(name, self.name, zone, instance_type, market,
                                             price), self.now_s()))
-        except LaunchFailedError:
-            self._delete_all(made, "launch failed")
-            raise
-        except ProviderUnreachableError:
-            self._delete_all(made, "launch failed")
+        except Exception:  # all or none: whatever refused the launch, no pod is left behind
+            self._delete_all(made)
             raise
         self._pods += made
         return [p.handle for p in made]
@@ -356,7 +352,7 @@ class KubernetesProvider(ComputeProvider):
         self._call("delete_namespaced_pod", name, self.settings.namespace,
                    grace_period_seconds=self.settings.grace_s, missing_ok=True)
 
-    def _delete_all(self, pods: list[_Pod], reason: str) -> None:
+    def _delete_all(self, pods: list[_Pod]) -> None:
         for pod in pods:
             try:
                 self._delete(pod.handle.node_id)
